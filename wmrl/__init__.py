@@ -1,0 +1,3 @@
+"""wmrl: World Model RL in JAX."""
+
+__version__ = "0.1.0"
