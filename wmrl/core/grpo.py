@@ -77,7 +77,8 @@ def group_advantages(
         centred = r - (total - r) / jnp.maximum(count - 1.0, 1.0)
     if normalize_std:
         var = (jnp.square(r - mean) * mf).sum(axis=1, keepdims=True) / jnp.maximum(count, 1.0)
-        centred = centred / (jnp.sqrt(var) + eps)
+        denom = jnp.sqrt(var) + eps
+        centred = centred / jnp.where(denom > 0, denom, 1.0)  # all-equal group -> 0
     adv = jnp.where(m & (count >= 2), centred, 0.0)
     return adv.reshape(n)
 
@@ -167,7 +168,7 @@ def token_policy_loss(
     count = mask.sum()
     metrics: Metrics = {
         "pg_loss": ((pg * mask).sum(), count),
-        "clip_frac": (((unclipped != clipped).astype(jnp.float32) * mask).sum(), count),
+        "clip_frac": (((clipped < unclipped).astype(jnp.float32) * mask).sum(), count),
         "ratio": ((ratio * mask).sum(), count),
     }
     if ref_logp is not None and kl_coef != 0.0:
