@@ -180,3 +180,20 @@ def test_diagnostic_and_constant_offsets_cancel_in_groups():
 def test_config_errors_name_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         debias.DebiasConfig(**kwargs)
+
+
+def test_incremental_bins_equal_a_fresh_fit_of_the_window():
+    cfg = debias.DebiasConfig(min_pairs=1, refit_every=1, capacity=37)
+    rng = np.random.default_rng(9)
+    st = debias.init_monotone_map(cfg)
+    upd = jax.jit(lambda s, a, b, v: debias.update_monotone_map(s, a, b, v, cfg))
+    for _ in range(15):
+        x = rng.uniform(-0.1, 1.1, size=8)
+        v = rng.uniform(size=8) < 0.8
+        st = upd(st, jnp.asarray(x), jnp.asarray(x**2), jnp.asarray(v))
+    stored = np.arange(37) < int(st.size)
+    vals, filled = debias.fit_monotone_map(st.wm, st.env, jnp.asarray(stored), cfg)
+    np.testing.assert_array_equal(st.bin_filled, filled)
+    np.testing.assert_allclose(
+        np.asarray(st.bin_values)[filled], np.asarray(vals)[filled], rtol=1e-4, atol=1e-5
+    )

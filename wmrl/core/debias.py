@@ -158,7 +158,9 @@ class MonotoneMapState:
     size: jax.Array  # pairs currently stored (<= C)
     since_fit: jax.Array  # pairs added since the last fit
     fitted: jax.Array  # bool: map active
-    bin_values: jax.Array  # [num_bins] isotonic bin values
+    bin_count: jax.Array  # [num_bins] pairs of the window in each bin (kept incrementally)
+    bin_sum: jax.Array  # [num_bins] sum of r_env of those pairs
+    bin_values: jax.Array  # [num_bins] isotonic bin values at the last fit
     bin_filled: jax.Array  # [num_bins] bool: bin had data at the last fit
 
 
@@ -171,6 +173,8 @@ def init_monotone_map(config: DebiasConfig) -> MonotoneMapState:
         size=jnp.zeros((), jnp.int32),
         since_fit=jnp.zeros((), jnp.int32),
         fitted=jnp.zeros((), bool),
+        bin_count=jnp.zeros((nb,), jnp.float32),
+        bin_sum=jnp.zeros((nb,), jnp.float32),
         bin_values=jnp.zeros((nb,), jnp.float32),
         bin_filled=jnp.zeros((nb,), bool),
     )
@@ -206,14 +210,24 @@ def weighted_isotonic(values: jax.Array, weights: jax.Array) -> jax.Array:
     return jnp.max(inner, axis=0)
 
 
-def fit_monotone_map(wm: jax.Array, env: jax.Array, valid: jax.Array, config: DebiasConfig):
-    """Binned isotonic fit of E[r_env | r_wm] from pairs. Returns (bin_values, bin_filled)."""
+def bin_index(r: jax.Array, config: DebiasConfig) -> jax.Array:
+    """Equal-width bin of each score; scores outside the range fall in the end bins."""
     lo, hi = config.reward_range
     nb = config.num_bins
-    idx = jnp.clip(jnp.floor((wm - lo) / (hi - lo) * nb).astype(jnp.int32), 0, nb - 1)
+    return jnp.clip(jnp.floor((r - lo) / (hi - lo) * nb).astype(jnp.int32), 0, nb - 1)
+
+
+def fit_monotone_map(wm: jax.Array, env: jax.Array, valid: jax.Array, config: DebiasConfig):
+    """Binned isotonic fit of E[r_env | r_wm] from pairs. Returns (bin_values, bin_filled)."""
+    idx = bin_index(wm, config)
     w = jnp.asarray(valid, jnp.float32)
-    counts = jnp.zeros(nb).at[idx].add(w)
-    sums = jnp.zeros(nb).at[idx].add(w * env)
+    counts = jnp.zeros(config.num_bins).at[idx].add(w)
+    sums = jnp.zeros(config.num_bins).at[idx].add(w * env)
+    return fit_from_bins(counts, sums)
+
+
+def fit_from_bins(counts: jax.Array, sums: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Pool-adjacent-violators over the bin means, weighted by the bin counts."""
     means = sums / jnp.maximum(counts, 1.0)
     return weighted_isotonic(means, counts), counts > 0
 
@@ -245,33 +259,47 @@ def update_monotone_map(
     valid: jax.Array,
     config: DebiasConfig,
 ) -> MonotoneMapState:
-    """Append a batch of pairs to the FIFO window, then refit when due."""
+    """Append a batch of pairs to the FIFO window, then refit when due.
+
+    The window's per-bin counts and sums are kept incrementally (add the new pairs, subtract
+    the ones they evict), so a refit costs O(num_bins^2) instead of a pass over the window.
+    That keeps the estimator cheap enough to run inside a `vmap` over thousands of seeds.
+    """
     cap = config.capacity
     valid = jnp.asarray(valid, bool)
     if r_wm.shape[0] > cap:
         raise ValueError(f"a batch of {r_wm.shape[0]} pairs exceeds debias.capacity={cap}")
+    r_wm = r_wm.astype(jnp.float32)
+    r_env = r_env.astype(jnp.float32)
     offsets = jnp.cumsum(valid.astype(jnp.int32)) - 1
-    slots = jnp.where(valid, (state.position + offsets) % cap, cap)  # cap = dropped
+    slots = (state.position + offsets) % cap
+    evicted = valid & ((state.size == cap) | (slots < state.size))
+    old_bins = bin_index(state.wm[slots], config)
+    new_bins = bin_index(r_wm, config)
+    vf, ef = valid.astype(jnp.float32), evicted.astype(jnp.float32)
+    bin_count = state.bin_count.at[new_bins].add(vf).at[old_bins].add(-ef)
+    bin_sum = state.bin_sum.at[new_bins].add(vf * r_env).at[old_bins].add(-ef * state.env[slots])
+    write = jnp.where(valid, slots, cap)  # index cap = dropped
     added = valid.sum().astype(jnp.int32)
     state = state.replace(
-        wm=state.wm.at[slots].set(r_wm.astype(jnp.float32), mode="drop"),
-        env=state.env.at[slots].set(r_env.astype(jnp.float32), mode="drop"),
+        wm=state.wm.at[write].set(r_wm, mode="drop"),
+        env=state.env.at[write].set(r_env, mode="drop"),
         position=(state.position + added) % cap,
         size=jnp.minimum(state.size + added, cap),
         since_fit=state.since_fit + added,
+        bin_count=bin_count,
+        bin_sum=bin_sum,
     )
     due = (state.size >= max(config.min_pairs, 1)) & (
         (~state.fitted) | (state.since_fit >= config.refit_every)
     )
-
-    def refit(st: MonotoneMapState) -> MonotoneMapState:
-        stored = jnp.arange(cap) < st.size
-        values, filled = fit_monotone_map(st.wm, st.env, stored, config)
-        return st.replace(
-            bin_values=values, bin_filled=filled, fitted=jnp.asarray(True), since_fit=0 * added
-        )
-
-    return jax.lax.cond(due, refit, lambda st: st, state)
+    values, filled = fit_from_bins(state.bin_count, state.bin_sum)
+    return state.replace(
+        bin_values=jnp.where(due, values, state.bin_values),
+        bin_filled=jnp.where(due, filled, state.bin_filled),
+        fitted=state.fitted | due,
+        since_fit=jnp.where(due, 0, state.since_fit),
+    )
 
 
 # ----------------------------------------------------------------------------- the estimator
