@@ -1,0 +1,324 @@
+"""purejaxrl-style bandit training: `make_train(config, variant) -> train(rngs)`.
+
+One `jax.jit` compiles the whole run of one variant: an outer `lax.scan` over logging chunks,
+an inner `lax.scan` over steps, `jax.vmap` over seeds inside the step. Each step follows the
+WMRL step of DESIGN.md 3 on a softmax (or linear-softmax, contextual) policy:
+
+  sample B pulls in B/G groups -> WM-score every pull (M heads) -> route anchor groups, which
+  are also executed for real -> calibrate WM scores (keyed offsets by arm / monotone map) ->
+  group advantages (real rewards on anchor groups, calibrated WM rewards elsewhere) ->
+  anchor weight on anchor groups -> policy-gradient step -> feed the anchor pairs to the
+  estimators.
+
+Variants switch parts of that pipeline on and off (`VariantSpec`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from wmrl.bandits.problem import BanditProblem, make_problem
+from wmrl.core import debias, denoise, grpo, routing
+from wmrl.core.state import init_correction_state
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantSpec:
+    """What one baseline/ablation turns on."""
+
+    reward: Literal["real", "wm"]
+    anchors: bool = False  # anchor groups executed for real, their real rewards used
+    debias: debias.DebiasMode = "none"
+    fuse: bool = False  # sample-level inverse-variance fusion of the WM heads
+    anchor_weight: bool = False  # stream-level anchor weight
+    cross_iv: bool = False  # per-sample inverse-variance reward weighting (negative control)
+    constant_bias: bool = False  # replace the per-arm WM bias by a global constant
+
+
+VARIANT_SPECS: dict[str, VariantSpec] = {
+    "real": VariantSpec(reward="real"),
+    "wm_only": VariantSpec(reward="wm"),
+    "debias_only": VariantSpec(reward="wm", anchors=True, debias="keyed"),
+    "denoise_only": VariantSpec(reward="wm", anchors=True, fuse=True, anchor_weight=True),
+    "wmrl": VariantSpec(reward="wm", anchors=True, debias="keyed", fuse=True, anchor_weight=True),
+    "debias_monotone_only": VariantSpec(reward="wm", anchors=True, debias="monotone"),
+    "constant_bias": VariantSpec(reward="wm", constant_bias=True),
+    "cross_arm_iv": VariantSpec(
+        reward="wm", anchors=True, debias="keyed", fuse=True, anchor_weight=True, cross_iv=True
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def init_policy(problem: BanditProblem) -> dict[str, jax.Array]:
+    """Uniform softmax policy: logits = b + x @ W."""
+    k, d = problem.num_arms, problem.context_dim
+    return {"b": jnp.zeros((k,), jnp.float32), "W": jnp.zeros((d, k), jnp.float32)}
+
+
+def policy_logits(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """[..., K] logits for contexts x [..., d]."""
+    return params["b"] + x @ params["W"]
+
+
+def policy_gradient(params, x: jax.Array, arms: jax.Array, adv: jax.Array):
+    """Gradient of the surrogate `mean_i adv_i log pi(a_i | x_i)` (ascent direction)."""
+
+    def surrogate(p):
+        logp = jax.nn.log_softmax(policy_logits(p, x))
+        return jnp.mean(adv * jnp.take_along_axis(logp, arms[:, None], axis=1)[:, 0])
+
+    return jax.grad(surrogate)(params)
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def wm_heads(problem: BanditProblem, rng: jax.Array, arms: jax.Array, x: jax.Array, bias):
+    """Per-head WM means and log-variances [M, N] for pulls `arms` [N] in contexts x [N, d]."""
+    r = jnp.take_along_axis(problem.rewards(x), arms[:, None], axis=1)[:, 0]
+    sd = problem.wm_noise[arms][None, :] * problem.head_scales[:, None]
+    means = r + bias + sd * jax.random.normal(rng, sd.shape)
+    return means, jnp.log(jnp.maximum(sd, 1e-6) ** 2)
+
+
+def wm_score(means: jax.Array, log_vars: jax.Array, fuse: bool) -> tuple[jax.Array, jax.Array]:
+    """WM score and its variance per pull: inverse-variance fusion or the plain head average."""
+    if fuse:
+        mu, var, _ = denoise.fuse_ensemble(means, log_vars, axis=0)
+        return mu, var
+    m = means.shape[0]
+    return means.mean(axis=0), jnp.exp(log_vars).sum(axis=0) / m**2
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStatics:
+    """Everything static about one variant's step (hashable config pieces)."""
+
+    spec: VariantSpec
+    batch_size: int
+    group_size: int
+    learning_rate: float
+    real_cost: float
+    constant_bias: float
+    baseline: str
+    normalize_std: bool
+    routing: routing.RoutingConfig
+    debias: debias.DebiasConfig
+    denoise: denoise.DenoiseConfig
+
+
+def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
+    """One WMRL step for one seed: (carry, rng) -> (carry, metrics)."""
+    spec, B, G = st.spec, st.batch_size, st.group_size
+    num_groups = B // G
+    d = problem.context_dim
+    a_star_reward = problem.rewards
+
+    def step(carry, rng):
+        params, corr = carry["params"], carry["corr"]
+        k_ctx, k_act, k_wm, k_real, k_route = jax.random.split(rng, 5)
+        x = jax.random.normal(k_ctx, (B, d))
+        arms = jax.random.categorical(k_act, policy_logits(params, x))
+        r_all = a_star_reward(x)
+        r_true = jnp.take_along_axis(r_all, arms[:, None], axis=1)[:, 0]
+        real = r_true + problem.real_noise * jax.random.normal(k_real, (B,))
+        if spec.constant_bias:
+            bias = jnp.full((B,), st.constant_bias)
+        else:
+            bias = jnp.take_along_axis(problem.bias(x), arms[:, None], axis=1)[:, 0]
+        means, log_vars = wm_heads(problem, k_wm, arms, x, bias)
+        score, var = wm_score(means, log_vars, spec.fuse)
+        calibrated = debias.apply_debias(corr.debias, score, arms, st.debias)
+
+        if spec.anchors:
+            is_anchor, _ = routing.route_anchors(k_route, num_groups, st.routing)
+        else:
+            is_anchor = jnp.zeros((num_groups,), bool)
+        anchor_pull = jnp.repeat(is_anchor, G)
+        if spec.reward == "real":
+            rewards = real
+        else:
+            rewards = jnp.where(anchor_pull, real, calibrated)
+        if spec.cross_iv:
+            # Negative control: weights *different* pulls by their own inverse variance.
+            w = denoise.cross_sample_weights(jnp.where(anchor_pull, 1.0, var), G)
+            rewards = rewards * jnp.where(anchor_pull, 1.0, w)
+        adv = grpo.group_advantages(
+            rewards, G, baseline=st.baseline, normalize_std=st.normalize_std
+        )
+        weight = denoise.anchor_weight(corr.denoise, st.denoise)
+        if spec.anchor_weight:
+            adv = grpo.apply_anchor_weight(adv, G, is_anchor, weight)
+        grad = policy_gradient(params, x, arms, adv)
+        params = jax.tree.map(lambda p, g: p + st.learning_rate * g, params, grad)
+
+        if spec.anchors:
+            new_debias = debias.update_debias(
+                corr.debias, score, real, arms, anchor_pull, st.debias
+            )
+            new_denoise = denoise.update_denoise(
+                corr.denoise,
+                calibrated.reshape(num_groups, G),
+                real.reshape(num_groups, G),
+                st.denoise,
+                group_mask=is_anchor,
+            )
+            corr = corr.replace(debias=new_debias, denoise=new_denoise)
+
+        n_real = B if spec.reward == "real" else anchor_pull.sum()
+        n_wm = 0 if spec.reward == "real" else B
+        cost = st.real_cost * n_real + 1.0 * n_wm
+        diag = debias.bias_diagnostic(score, calibrated, real, G)
+        metrics = {
+            "cost": cost,
+            "anchor_weight": weight if spec.anchor_weight else jnp.ones(()),
+            "bias_reduction": diag["bias_reduction"],
+        }
+        return {"params": params, "corr": corr}, metrics
+
+    return step
+
+
+def evaluate(problem: BanditProblem, params, eval_x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(suboptimality E_x[max_a r - pi . r], E_x[pi(a* | x)]) on fixed evaluation contexts."""
+    r = problem.rewards(eval_x)
+    pi = jax.nn.softmax(policy_logits(params, eval_x))
+    sub = jnp.mean(r.max(-1) - (pi * r).sum(-1))
+    pi_star = jnp.mean(jnp.take_along_axis(pi, r.argmax(-1)[:, None], axis=1))
+    return sub, pi_star
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def statics_from_config(config: ml_collections.ConfigDict, variant: str) -> StepStatics:
+    b = config.bandit
+    spec = VARIANT_SPECS[variant]
+    mode = spec.debias
+    return StepStatics(
+        spec=spec,
+        batch_size=b.batch_size,
+        group_size=b.group_size,
+        learning_rate=config.learning_rate,
+        real_cost=b.real_cost,
+        constant_bias=b.constant_bias,
+        baseline=b.baseline,
+        normalize_std=b.normalize_std,
+        routing=routing.RoutingConfig(rho=b.anchor_fraction, min_groups=1),
+        debias=debias.DebiasConfig(
+            mode=mode,
+            num_keys=len(b.true_rewards),
+            offset_rule=config.debias.offset_rule,
+            window=config.debias.window,
+            half_life=config.debias.half_life,
+            min_count=config.debias.min_count,
+            capacity=config.debias.capacity,
+            num_bins=config.debias.num_bins,
+            min_pairs=config.debias.min_pairs,
+            refit_every=config.debias.refit_every,
+            reward_range=tuple(config.debias.reward_range),
+        ),
+        denoise=denoise.DenoiseConfig(
+            half_life=config.denoise.half_life,
+            warmup_groups=config.denoise.warmup_groups,
+            target=config.denoise.target,
+            w_max=config.denoise.w_max,
+        ),
+    )
+
+
+def log_schedule(num_steps: int, log_points: int) -> tuple[int, int]:
+    """(log_every, num_chunks): the run is num_chunks x log_every steps (>= num_steps)."""
+    log_every = max(1, math.ceil(num_steps / log_points))
+    return log_every, math.ceil(num_steps / log_every)
+
+
+def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
+    """Returns `train(rngs [S]) -> outputs` for one variant, ready for `jax.jit`.
+
+    Outputs (S = seeds, C = logged chunks): `curves` {suboptimality, pi_star, cost,
+    anchor_weight, bias_reduction} each [C, S] at the end of every chunk; `final_suboptimality`,
+    `final_pi_star`, `hit_step`, `hit_cost` each [S] (hit_* = -1 when never reached).
+    """
+    problem = make_problem(config)
+    st = statics_from_config(config, variant)
+    step = make_step(problem, st)
+    vstep = jax.vmap(step)
+    num_steps = config.num_steps
+    log_every, num_chunks = log_schedule(num_steps, config.log_points)
+    threshold = config.threshold
+    # The plain K-armed bandit has no context: one (empty) evaluation context is exact.
+    num_eval = config.eval_contexts if problem.context_dim else 1
+    eval_x = jax.random.normal(
+        jax.random.key(config.problem_seed + 1), (num_eval, problem.context_dim)
+    )
+    veval = jax.vmap(lambda p: evaluate(problem, p, eval_x))
+
+    def train(rngs: jax.Array):
+        S = rngs.shape[0]
+        corr = init_correction_state(st.debias)
+        carry = {
+            "params": jax.vmap(lambda _: init_policy(problem))(jnp.arange(S)),
+            "corr": jax.vmap(lambda _: corr)(jnp.arange(S)),
+            "rng": rngs,
+            "t": jnp.zeros((), jnp.int32),
+            "cost": jnp.zeros((S,), jnp.float32),
+            "hit_step": jnp.full((S,), -1, jnp.int32),
+            "hit_cost": jnp.full((S,), -1.0, jnp.float32),
+        }
+
+        def one_step(c, _):
+            keys = jax.vmap(lambda k: jax.random.split(k))(c["rng"])
+            inner, m = vstep({"params": c["params"], "corr": c["corr"]}, keys[:, 1])
+            active = c["t"] < num_steps
+            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
+            params = keep(inner["params"], c["params"])
+            corr_ = keep(inner["corr"], c["corr"])
+            cost = c["cost"] + jnp.where(active, m["cost"], 0.0)
+            sub, _ = veval(params)
+            t1 = c["t"] + 1
+            hit_now = active & (c["hit_step"] < 0) & (sub <= threshold)
+            out = {
+                "params": params,
+                "corr": corr_,
+                "rng": keys[:, 0],
+                "t": t1,
+                "cost": cost,
+                "hit_step": jnp.where(hit_now, t1, c["hit_step"]),
+                "hit_cost": jnp.where(hit_now, cost, c["hit_cost"]),
+            }
+            return out, (m["anchor_weight"], m["bias_reduction"])
+
+        def chunk(c, _):
+            c, (w, red) = jax.lax.scan(one_step, c, None, length=log_every)
+            sub, pi_star = veval(c["params"])
+            curves = {
+                "suboptimality": sub,
+                "pi_star": pi_star,
+                "cost": c["cost"],
+                "anchor_weight": w[-1],
+                "bias_reduction": red.mean(0),
+            }
+            return c, curves
+
+        carry, curves = jax.lax.scan(chunk, carry, None, length=num_chunks)
+        sub, pi_star = veval(carry["params"])
+        return {
+            "curves": curves,
+            "final_suboptimality": sub,
+            "final_pi_star": pi_star,
+            "hit_step": carry["hit_step"],
+            "hit_cost": carry["hit_cost"],
+        }
+
+    return train

@@ -1,0 +1,66 @@
+"""Entry point: `python -m wmrl.main --config=configs/<name>.py --workdir=DIR`.
+
+Kept short on purpose: parse flags, validate the config, prepare the workdir, hand over to the
+experiment's library function (which Colab can import and call directly).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from wmrl.config_errors import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, plots and checkpoints.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+EXPERIMENTS = ("bandit",)
+
+
+def validate(config) -> None:
+    experiment = config.get("experiment")
+    if experiment not in EXPERIMENTS:
+        raise ConfigError("config.experiment", f"unknown experiment {experiment!r}")
+    if experiment == "bandit":
+        from wmrl.bandits.problem import validate_bandit_config
+
+        validate_bandit_config(config)
+
+
+def prepare_workdir(workdir: Path, config) -> None:
+    """Refuse to overwrite a finished run; write the resolved config."""
+    if (workdir / "summary.json").exists():
+        raise FileExistsError(
+            f"{workdir} already holds a finished run (summary.json exists); "
+            "choose a new --workdir or delete that one"
+        )
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    config = _CONFIG.value
+    workdir = Path(_WORKDIR.value)
+    try:
+        validate(config)
+        prepare_workdir(workdir, config)
+    except (ConfigError, FileExistsError) as e:
+        logging.error("%s", e)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if config.experiment == "bandit":
+        from wmrl.bandits.experiment import run_suite
+
+        summary = run_suite(config, workdir)
+        table = {v: s["final_suboptimality"] for v, s in summary["variants"].items()}
+        print(json.dumps({"workdir": str(workdir), "final_suboptimality": table}, indent=2))
+
+
+if __name__ == "__main__":
+    app.run(main)
