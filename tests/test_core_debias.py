@@ -197,3 +197,35 @@ def test_incremental_bins_equal_a_fresh_fit_of_the_window():
     np.testing.assert_allclose(
         np.asarray(st.bin_values)[filled], np.asarray(vals)[filled], rtol=1e-4, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("rule", ["window", "ema"])
+def test_batched_keyed_update_equals_sequential_numpy(rule):
+    """The vectorised batch update equals feeding pairs one by one (independent numpy loop)."""
+    K, W, hl = 3, 4, 3.0
+    cfg = debias.DebiasConfig(
+        mode="keyed", num_keys=K, offset_rule=rule, window=W, half_life=hl, min_count=1
+    )
+    rng = np.random.default_rng(11)
+    st = debias.init_debias_state(cfg).keyed
+    buffers = {k: [] for k in range(K)}
+    ema, norm = np.zeros(K), np.zeros(K)
+    d = 0.5 ** (1 / hl)
+    for _ in range(4):
+        n = 9
+        keys = rng.integers(0, K, n)
+        wm, env = rng.normal(size=n), rng.normal(size=n)
+        valid = rng.uniform(size=n) < 0.8
+        st = debias.update_keyed_offsets(
+            st, jnp.asarray(wm), jnp.asarray(env), jnp.asarray(keys), jnp.asarray(valid), cfg
+        )
+        for k, a, b, v in zip(keys, wm, env, valid, strict=True):
+            if v:
+                buffers[k] = (buffers[k] + [a - b])[-W:]
+                ema[k] = d * ema[k] + (1 - d) * (a - b)
+                norm[k] = d * norm[k] + (1 - d)
+    got, _ = debias.keyed_offsets(st, cfg)
+    for k in range(K):
+        if buffers[k]:
+            want = np.mean(buffers[k]) if rule == "window" else ema[k] / norm[k]
+            np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-6)

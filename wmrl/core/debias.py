@@ -109,30 +109,35 @@ def update_keyed_offsets(
     valid: jax.Array,
     config: DebiasConfig,
 ) -> KeyedOffsetState:
-    """Fold a batch of anchor pairs into the per-key running means (sequentially, in order)."""
+    """Fold a batch of anchor pairs into the per-key running means, in batch order.
+
+    Vectorised (no sequential scan): each valid pair's rank among the earlier valid pairs of its
+    key gives its ring-buffer slot and its EMA discount, so the result equals feeding the pairs
+    one at a time. O(N K) work for N pairs and K keys.
+    """
     decay = math.pow(0.5, 1.0 / config.half_life)
     window = state.buffer.shape[1]
-
-    def step(st: KeyedOffsetState, inp):
-        wm, env, key, ok = inp
-        resid = wm - env
-        okf = ok.astype(jnp.float32)
-        pos = st.position[key]
-        buffer = st.buffer.at[key, pos].set(jnp.where(ok, resid, st.buffer[key, pos]))
-        st = st.replace(
-            buffer=buffer,
-            position=st.position.at[key].add(ok.astype(jnp.int32)) % window,
-            count=st.count.at[key].add(ok.astype(jnp.int32)),
-            ema=st.ema.at[key].set(
-                jnp.where(ok, decay * st.ema[key] + (1 - decay) * resid, st.ema[key])
-            ),
-            ema_norm=st.ema_norm.at[key].add(okf * ((decay - 1) * st.ema_norm[key] + 1 - decay)),
-        )
-        return st, None
-
     keys = jnp.clip(keys.astype(jnp.int32), 0, config.num_keys - 1)
-    state, _ = jax.lax.scan(step, state, (r_wm, r_env, keys, jnp.asarray(valid, bool)))
-    return state
+    valid = jnp.asarray(valid, bool)
+    resid = (r_wm - r_env).astype(jnp.float32)
+    onehot = jax.nn.one_hot(keys, config.num_keys, dtype=jnp.int32) * valid[:, None]
+    n_new = onehot.sum(axis=0)  # [K]
+    rank = jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - onehot, keys[:, None], axis=1)[:, 0]
+    # Only the last `window` pairs of a key survive this batch; earlier ones would be overwritten.
+    write = valid & (rank >= n_new[keys] - window)
+    slot = (state.position[keys] + rank) % window
+    buffer = state.buffer.at[jnp.where(write, keys, config.num_keys), slot].set(resid, mode="drop")
+    # EMA: pair i of key k is discounted by decay^(later pairs of k in this batch).
+    later = n_new[keys] - rank - 1
+    w = jnp.where(valid, (1 - decay) * decay ** later.astype(jnp.float32), 0.0)
+    keep = decay ** n_new.astype(jnp.float32)
+    return state.replace(
+        buffer=buffer,
+        position=(state.position + n_new) % window,
+        count=state.count + n_new,
+        ema=keep * state.ema + jnp.zeros(config.num_keys).at[keys].add(w * resid),
+        ema_norm=keep * state.ema_norm + jnp.zeros(config.num_keys).at[keys].add(w),
+    )
 
 
 def keyed_offsets(state: KeyedOffsetState, config: DebiasConfig) -> tuple[jax.Array, jax.Array]:
