@@ -12,12 +12,28 @@ import numpy as np
 from absl import logging
 
 from wmrl.bandits.problem import validate_bandit_config
-from wmrl.bandits.train import log_schedule, make_train
+from wmrl.bandits.train import logged_steps, make_train
+
+
+def seed_keys(seed: int, num_seeds: int) -> jax.Array:
+    """One PRNG key per seed, spread over all local devices when the count divides.
+
+    Seeds are independent, so sharding them is free parallelism: on a CPU host started with
+    `--xla_force_host_platform_device_count=<cores>` every core runs its share of the seeds.
+    """
+    keys = jax.random.split(jax.random.key(seed), num_seeds)
+    devices = jax.local_devices()
+    if len(devices) > 1 and num_seeds % len(devices) == 0:
+        mesh = jax.sharding.Mesh(np.array(devices), ("seeds",))
+        keys = jax.device_put(
+            keys, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seeds"))
+        )
+    return keys
 
 
 def run_variant(config: ml_collections.ConfigDict, variant: str) -> tuple[dict, float, float]:
     """Compile and run one variant over all seeds. Returns (numpy outputs, compile_s, run_s)."""
-    rngs = jax.random.split(jax.random.key(config.seed), config.num_seeds)
+    rngs = seed_keys(config.seed, config.num_seeds)
     t0 = time.perf_counter()
     compiled = jax.jit(make_train(config, variant)).lower(rngs).compile()
     t1 = time.perf_counter()
@@ -53,8 +69,7 @@ def run_suite(config: ml_collections.ConfigDict, workdir: Path | None = None) ->
     Returns the summary dict (also importable from Colab without touching the disk).
     """
     validate_bandit_config(config)
-    log_every, num_chunks = log_schedule(config.num_steps, config.log_points)
-    steps = np.minimum((np.arange(num_chunks) + 1) * log_every, config.num_steps)
+    steps = np.asarray(logged_steps(config.num_steps, config.log_points))
     results, timings = {}, {}
     for i, variant in enumerate(config.variants):
         out, compile_s, run_s = run_variant(config, variant)

@@ -83,12 +83,27 @@ def policy_gradient(params, x: jax.Array, arms: jax.Array, adv: jax.Array):
 # ----------------------------------------------------------------------------- one step
 
 
-def wm_heads(problem: BanditProblem, rng: jax.Array, arms: jax.Array, x: jax.Array, bias):
-    """Per-head WM means and log-variances [M, N] for pulls `arms` [N] in contexts x [N, d]."""
+def sample_arms(u: jax.Array, logits: jax.Array) -> jax.Array:
+    """Categorical draw by inverse CDF from one uniform per pull (u [N], logits [N, K]).
+
+    Equal in law to `jax.random.categorical` but needs one random number per pull instead of
+    K Gumbels, which dominates the cost of a vmapped bandit step on CPU.
+    """
+    cdf = jnp.cumsum(jax.nn.softmax(logits), axis=-1)[..., :-1]
+    return jnp.sum(u[..., None] > cdf, axis=-1).astype(jnp.int32)
+
+
+def wm_heads_from_noise(problem: BanditProblem, eps: jax.Array, arms, x: jax.Array, bias):
+    """Per-head WM means and log-variances [M, N] given standard-normal noise eps [M, N]."""
     r = jnp.take_along_axis(problem.rewards(x), arms[:, None], axis=1)[:, 0]
     sd = problem.wm_noise[arms][None, :] * problem.head_scales[:, None]
-    means = r + bias + sd * jax.random.normal(rng, sd.shape)
-    return means, jnp.log(jnp.maximum(sd, 1e-6) ** 2)
+    return r + bias + sd * eps, jnp.log(jnp.maximum(sd, 1e-6) ** 2)
+
+
+def wm_heads(problem: BanditProblem, rng: jax.Array, arms: jax.Array, x: jax.Array, bias):
+    """Per-head WM means and log-variances [M, N] for pulls `arms` [N] in contexts x [N, d]."""
+    eps = jax.random.normal(rng, (problem.num_heads, arms.shape[0]))
+    return wm_heads_from_noise(problem, eps, arms, x, bias)
 
 
 def wm_score(means: jax.Array, log_vars: jax.Array, fuse: bool) -> tuple[jax.Array, jax.Array]:
@@ -122,22 +137,32 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
     spec, B, G = st.spec, st.batch_size, st.group_size
     num_groups = B // G
     d = problem.context_dim
-    a_star_reward = problem.rewards
+
+    M = problem.num_heads
+    uses_wm = spec.reward == "wm"
 
     def step(carry, rng):
         params, corr = carry["params"], carry["corr"]
-        k_ctx, k_act, k_wm, k_real, k_route = jax.random.split(rng, 5)
-        x = jax.random.normal(k_ctx, (B, d))
-        arms = jax.random.categorical(k_act, policy_logits(params, x))
-        r_all = a_star_reward(x)
+        k_u, k_eps, k_route = jax.random.split(rng, 3)
+        # One uniform per pull for the action, one normal block for contexts, real noise and
+        # the WM heads: few, large RNG calls keep the vmapped step cheap.
+        u = jax.random.uniform(k_u, (B,))
+        eps = jax.random.normal(k_eps, (B * (d + 1 + (M if uses_wm else 0)),))
+        x = eps[: B * d].reshape(B, d)
+        arms = sample_arms(u, policy_logits(params, x))
+        r_all = problem.rewards(x)
         r_true = jnp.take_along_axis(r_all, arms[:, None], axis=1)[:, 0]
-        real = r_true + problem.real_noise * jax.random.normal(k_real, (B,))
-        if spec.constant_bias:
-            bias = jnp.full((B,), st.constant_bias)
+        real = r_true + problem.real_noise * eps[B * d : B * (d + 1)]
+        if not uses_wm:
+            score = var = real
         else:
-            bias = jnp.take_along_axis(problem.bias(x), arms[:, None], axis=1)[:, 0]
-        means, log_vars = wm_heads(problem, k_wm, arms, x, bias)
-        score, var = wm_score(means, log_vars, spec.fuse)
+            if spec.constant_bias:
+                bias = jnp.full((B,), st.constant_bias)
+            else:
+                bias = jnp.take_along_axis(problem.bias(x), arms[:, None], axis=1)[:, 0]
+            head_eps = eps[B * (d + 1) :].reshape(M, B)
+            means, log_vars = wm_heads_from_noise(problem, head_eps, arms, x, bias)
+            score, var = wm_score(means, log_vars, spec.fuse)
         calibrated = debias.apply_debias(corr.debias, score, arms, st.debias)
 
         if spec.anchors:
@@ -145,10 +170,7 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
         else:
             is_anchor = jnp.zeros((num_groups,), bool)
         anchor_pull = jnp.repeat(is_anchor, G)
-        if spec.reward == "real":
-            rewards = real
-        else:
-            rewards = jnp.where(anchor_pull, real, calibrated)
+        rewards = jnp.where(anchor_pull, real, calibrated) if uses_wm else real
         if spec.cross_iv:
             # Negative control: weights *different* pulls by their own inverse variance.
             w = denoise.cross_sample_weights(jnp.where(anchor_pull, 1.0, var), G)
@@ -175,8 +197,8 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
             )
             corr = corr.replace(debias=new_debias, denoise=new_denoise)
 
-        n_real = B if spec.reward == "real" else anchor_pull.sum()
-        n_wm = 0 if spec.reward == "real" else B
+        n_real = anchor_pull.sum() if uses_wm else B
+        n_wm = B if uses_wm else 0
         cost = st.real_cost * n_real + 1.0 * n_wm
         diag = debias.bias_diagnostic(score, calibrated, real, G)
         metrics = {
@@ -237,10 +259,18 @@ def statics_from_config(config: ml_collections.ConfigDict, variant: str) -> Step
     )
 
 
-def log_schedule(num_steps: int, log_points: int) -> tuple[int, int]:
-    """(log_every, num_chunks): the run is num_chunks x log_every steps (>= num_steps)."""
+def log_schedule(num_steps: int, log_points: int) -> tuple[int, int, int]:
+    """(log_every, num_chunks, remainder): num_chunks full chunks of log_every steps, then a
+    final partial chunk of `remainder` steps (0 when log_every divides num_steps)."""
     log_every = max(1, math.ceil(num_steps / log_points))
-    return log_every, math.ceil(num_steps / log_every)
+    return log_every, num_steps // log_every, num_steps % log_every
+
+
+def logged_steps(num_steps: int, log_points: int):
+    """The step numbers at which curves are recorded."""
+    log_every, num_chunks, remainder = log_schedule(num_steps, log_points)
+    steps = [(i + 1) * log_every for i in range(num_chunks)]
+    return steps + ([num_steps] if remainder else [])
 
 
 def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
@@ -255,7 +285,7 @@ def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
     step = make_step(problem, st)
     vstep = jax.vmap(step)
     num_steps = config.num_steps
-    log_every, num_chunks = log_schedule(num_steps, config.log_points)
+    log_every, num_chunks, remainder = log_schedule(num_steps, config.log_points)
     threshold = config.threshold
     # The plain K-armed bandit has no context: one (empty) evaluation context is exact.
     num_eval = config.eval_contexts if problem.context_dim else 1
@@ -278,20 +308,16 @@ def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
         }
 
         def one_step(c, _):
-            keys = jax.vmap(lambda k: jax.random.split(k))(c["rng"])
-            inner, m = vstep({"params": c["params"], "corr": c["corr"]}, keys[:, 1])
-            active = c["t"] < num_steps
-            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(active, a, b), new, old)
-            params = keep(inner["params"], c["params"])
-            corr_ = keep(inner["corr"], c["corr"])
-            cost = c["cost"] + jnp.where(active, m["cost"], 0.0)
-            sub, _ = veval(params)
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(c["rng"], c["t"])
+            inner, m = vstep({"params": c["params"], "corr": c["corr"]}, keys)
+            cost = c["cost"] + m["cost"]
+            sub, _ = veval(inner["params"])
             t1 = c["t"] + 1
-            hit_now = active & (c["hit_step"] < 0) & (sub <= threshold)
+            hit_now = (c["hit_step"] < 0) & (sub <= threshold)
             out = {
-                "params": params,
-                "corr": corr_,
-                "rng": keys[:, 0],
+                "params": inner["params"],
+                "corr": inner["corr"],
+                "rng": c["rng"],
                 "t": t1,
                 "cost": cost,
                 "hit_step": jnp.where(hit_now, t1, c["hit_step"]),
@@ -299,8 +325,8 @@ def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
             }
             return out, (m["anchor_weight"], m["bias_reduction"])
 
-        def chunk(c, _):
-            c, (w, red) = jax.lax.scan(one_step, c, None, length=log_every)
+        def chunk(c, length):
+            c, (w, red) = jax.lax.scan(one_step, c, None, length=length)
             sub, pi_star = veval(c["params"])
             curves = {
                 "suboptimality": sub,
@@ -311,7 +337,10 @@ def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
             }
             return c, curves
 
-        carry, curves = jax.lax.scan(chunk, carry, None, length=num_chunks)
+        carry, curves = jax.lax.scan(lambda c, _: chunk(c, log_every), carry, None, num_chunks)
+        if remainder:
+            carry, last = chunk(carry, remainder)
+            curves = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), curves, last)
         sub, pi_star = veval(carry["params"])
         return {
             "curves": curves,

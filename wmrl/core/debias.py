@@ -85,17 +85,21 @@ class KeyedOffsetState:
     buffer: jax.Array  # [K, W] recent residuals (window rule) or [K, 1] unused (ema rule)
     position: jax.Array  # [K] next write slot in the ring buffer
     count: jax.Array  # [K] pairs seen per key
+    total: jax.Array  # [K] sum of the residuals in each key's window (kept incrementally)
     ema: jax.Array  # [K] un-normalised EMA of the residual
     ema_norm: jax.Array  # [K] EMA of 1 (start-up correction)
 
 
 def init_keyed_offsets(config: DebiasConfig) -> KeyedOffsetState:
-    k = config.num_keys
-    w = config.window if config.offset_rule == "window" else 1
+    # Parts the mode does not use get minimal shapes: the state is carried through every
+    # step of a scan, so dead buffers would still cost memory traffic.
+    k = config.num_keys if config.uses_keyed else 1
+    w = config.window if config.offset_rule == "window" and config.uses_keyed else 1
     return KeyedOffsetState(
         buffer=jnp.zeros((k, w), jnp.float32),
         position=jnp.zeros((k,), jnp.int32),
         count=jnp.zeros((k,), jnp.int32),
+        total=jnp.zeros((k,), jnp.float32),
         ema=jnp.zeros((k,), jnp.float32),
         ema_norm=jnp.zeros((k,), jnp.float32),
     )
@@ -126,6 +130,9 @@ def update_keyed_offsets(
     # Only the last `window` pairs of a key survive this batch; earlier ones would be overwritten.
     write = valid & (rank >= n_new[keys] - window)
     slot = (state.position[keys] + rank) % window
+    # A written slot evicts its previous occupant when the key's window was already that full.
+    evict = write & (state.count[keys] + rank >= window)
+    delta = jnp.where(write, resid, 0.0) - jnp.where(evict, state.buffer[keys, slot], 0.0)
     buffer = state.buffer.at[jnp.where(write, keys, config.num_keys), slot].set(resid, mode="drop")
     # EMA: pair i of key k is discounted by decay^(later pairs of k in this batch).
     later = n_new[keys] - rank - 1
@@ -135,6 +142,7 @@ def update_keyed_offsets(
         buffer=buffer,
         position=(state.position + n_new) % window,
         count=state.count + n_new,
+        total=state.total + jnp.zeros(config.num_keys).at[keys].add(delta),
         ema=keep * state.ema + jnp.zeros(config.num_keys).at[keys].add(w * resid),
         ema_norm=keep * state.ema_norm + jnp.zeros(config.num_keys).at[keys].add(w),
     )
@@ -143,9 +151,7 @@ def update_keyed_offsets(
 def keyed_offsets(state: KeyedOffsetState, config: DebiasConfig) -> tuple[jax.Array, jax.Array]:
     """Current per-key offsets [K] and whether each key is ready (count >= min_count)."""
     if config.offset_rule == "window":
-        n = jnp.minimum(state.count, state.buffer.shape[1])
-        slots = jnp.arange(state.buffer.shape[1])[None, :] < n[:, None]
-        offset = jnp.where(slots, state.buffer, 0.0).sum(axis=1) / jnp.maximum(n, 1)
+        offset = state.total / jnp.maximum(jnp.minimum(state.count, state.buffer.shape[1]), 1)
     else:
         offset = state.ema / jnp.maximum(state.ema_norm, 1e-12)
     ready = state.count >= max(config.min_count, 1)
@@ -170,7 +176,8 @@ class MonotoneMapState:
 
 
 def init_monotone_map(config: DebiasConfig) -> MonotoneMapState:
-    c, nb = config.capacity, config.num_bins
+    c = config.capacity if config.uses_monotone else 1
+    nb = config.num_bins
     return MonotoneMapState(
         wm=jnp.zeros((c,), jnp.float32),
         env=jnp.zeros((c,), jnp.float32),
