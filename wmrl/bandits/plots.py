@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -19,10 +16,9 @@ def _band(ax, x, curves, label):
     )
 
 
-def plot_suite(out_dir: Path, steps: np.ndarray, results: dict, threshold: float) -> list[Path]:
-    """Write `suboptimality_vs_steps.png` and `suboptimality_vs_cost.png`; return the paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
+def suite_figures(steps: np.ndarray, results: dict, threshold: float) -> dict[str, plt.Figure]:
+    """Suboptimality vs steps and vs cumulative cost, log-log, one curve per variant."""
+    figs = {}
     for name, xlabel in (("steps", "RL step"), ("cost", "cumulative cost (WM pull = 1)")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for variant, out in results.items():
@@ -37,7 +33,16 @@ def plot_suite(out_dir: Path, steps: np.ndarray, results: dict, threshold: float
         ax.legend(fontsize=7, ncol=2)
         ax.grid(alpha=0.3, which="both")
         fig.tight_layout()
-        path = out_dir / f"suboptimality_vs_{name}.png"
+        figs[f"suboptimality_vs_{name}"] = fig
+    return figs
+
+
+def plot_suite(out_dir: Path, steps: np.ndarray, results: dict, threshold: float) -> list[Path]:
+    """Write `suboptimality_vs_steps.png` and `suboptimality_vs_cost.png`; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in suite_figures(steps, results, threshold).items():
+        path = out_dir / f"{name}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
