@@ -140,6 +140,7 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
 
     M = problem.num_heads
     uses_wm = spec.reward == "wm"
+    n_anchor_groups = int(routing.num_anchor_groups(num_groups, num_groups, st.routing))
 
     def step(carry, rng):
         params, corr = carry["params"], carry["corr"]
@@ -185,15 +186,20 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
         params = jax.tree.map(lambda p, g: p + st.learning_rate * g, params, grad)
 
         if spec.anchors:
+            # Only the anchor groups carry pairs: gather them (a static count, since routing
+            # has no capacity limit here) rather than feeding all B pulls behind a mask.
+            groups = jnp.nonzero(is_anchor, size=n_anchor_groups)[0]
+            take = lambda v: v.reshape(num_groups, G)[groups]
             new_debias = debias.update_debias(
-                corr.debias, score, real, arms, anchor_pull, st.debias
+                corr.debias,
+                take(score).reshape(-1),
+                take(real).reshape(-1),
+                take(arms).reshape(-1),
+                jnp.ones((n_anchor_groups * G,), bool),
+                st.debias,
             )
             new_denoise = denoise.update_denoise(
-                corr.denoise,
-                calibrated.reshape(num_groups, G),
-                real.reshape(num_groups, G),
-                st.denoise,
-                group_mask=is_anchor,
+                corr.denoise, take(calibrated), take(real), st.denoise
             )
             corr = corr.replace(debias=new_debias, denoise=new_denoise)
 

@@ -125,6 +125,7 @@ def update_keyed_offsets(
     valid = jnp.asarray(valid, bool)
     resid = (r_wm - r_env).astype(jnp.float32)
     onehot = jax.nn.one_hot(keys, config.num_keys, dtype=jnp.int32) * valid[:, None]
+    onehot_f = onehot.astype(jnp.float32)  # per-key sums as dense products (no scatter-add)
     n_new = onehot.sum(axis=0)  # [K]
     rank = jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - onehot, keys[:, None], axis=1)[:, 0]
     # Only the last `window` pairs of a key survive this batch; earlier ones would be overwritten.
@@ -142,9 +143,9 @@ def update_keyed_offsets(
         buffer=buffer,
         position=(state.position + n_new) % window,
         count=state.count + n_new,
-        total=state.total + jnp.zeros(config.num_keys).at[keys].add(delta),
-        ema=keep * state.ema + jnp.zeros(config.num_keys).at[keys].add(w * resid),
-        ema_norm=keep * state.ema_norm + jnp.zeros(config.num_keys).at[keys].add(w),
+        total=state.total + delta @ onehot_f,
+        ema=keep * state.ema + (w * resid) @ onehot_f,
+        ema_norm=keep * state.ema_norm + w @ onehot_f,
     )
 
 
