@@ -7,6 +7,7 @@ experiment's library function (which Colab can import and call directly).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +44,15 @@ def prepare_workdir(workdir: Path, config) -> None:
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
 
 
+def use_all_cpu_cores() -> None:
+    """Expose one XLA CPU device per core (before jax is imported) so independent bandit seeds
+    run in parallel; it changes nothing on accelerators, whose devices are unaffected."""
+    flags_now = os.environ.get("XLA_FLAGS", "")
+    if "jax" not in sys.modules and "host_platform_device_count" not in flags_now:
+        n = os.cpu_count() or 1
+        os.environ["XLA_FLAGS"] = f"{flags_now} --xla_force_host_platform_device_count={n}".strip()
+
+
 def main(argv: list[str]) -> None:
     del argv
     config = _CONFIG.value
@@ -55,6 +65,7 @@ def main(argv: list[str]) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if config.experiment == "bandit":
+        use_all_cpu_cores()
         from wmrl.bandits.experiment import run_suite
 
         summary = run_suite(config, workdir)
