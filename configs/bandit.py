@@ -14,6 +14,8 @@ to the WM) and whose best arm is also the WM's noisiest, so the negative control
 
 import ml_collections
 
+from wmrl.bandits.problem import VARIANTS
+
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -26,16 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.threshold = 0.05  # suboptimality target
     c.log_points = 200
     c.eval_contexts = 256
-    c.variants = (
-        "real",
-        "wm_only",
-        "debias_only",
-        "denoise_only",
-        "wmrl",
-        "debias_monotone_only",
-        "constant_bias",
-        "cross_arm_iv",
-    )
+    c.variants = VARIANTS  # real, wm_only, debias_only, denoise_only, wmrl, + ablations
 
     c.bandit = ml_collections.ConfigDict()
     c.bandit.true_rewards = (1.0, 0.9, 0.7, 0.5, 0.2)

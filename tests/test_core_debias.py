@@ -5,19 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from wmrl.bandits.numpy_reference import pav as pav_reference
 from wmrl.core import debias, grpo
-
-
-def pav_reference(y, w):
-    """Classic stack-based pool-adjacent-violators, written independently in numpy."""
-    blocks = []  # [value, weight, length]
-    for yi, wi in zip(y, w, strict=True):
-        blocks.append([yi, wi, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            v2, w2, n2 = blocks.pop()
-            v1, w1, n1 = blocks.pop()
-            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.concatenate([[v] * n for v, _, n in blocks])
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -16,7 +16,8 @@ import numpy as np
 from wmrl.bandits.train import VARIANT_SPECS
 
 
-def _pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+def pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted pool-adjacent-violators with the classic stack of blocks."""
     blocks: list[list[float]] = []
     for yi, wi in zip(y, w, strict=True):
         blocks.append([yi, wi, 1])
@@ -47,7 +48,7 @@ class _MonotoneMap:
             means = np.bincount(idx, weights=p[:, 1], minlength=nb) / np.maximum(cnt, 1)
             keep = cnt > 0
             centres = lo + (hi - lo) / nb * (np.arange(nb) + 0.5)
-            self.xs, self.ys = centres[keep], _pav(means[keep], cnt[keep])
+            self.xs, self.ys = centres[keep], pav(means[keep], cnt[keep])
             self.since_fit = 0
 
     def __call__(self, r):
