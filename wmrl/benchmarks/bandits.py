@@ -22,6 +22,7 @@ _SEEDS = flags.DEFINE_integer("num_seeds", 1000, "Seeds of the JAX suite.")
 _STEPS = flags.DEFINE_integer("num_steps", 3000, "Steps of the JAX suite.")
 _NP_SEEDS = flags.DEFINE_integer("numpy_seeds", 2, "Seeds of the numpy reference.")
 _NP_STEPS = flags.DEFINE_integer("numpy_steps", 300, "Steps of the numpy reference.")
+_VARIANTS = flags.DEFINE_list("variants", None, "Subset of variants (default: all).")
 _DEVICES = flags.DEFINE_integer("devices", os.cpu_count() or 1, "XLA CPU devices (seeds shard).")
 
 
@@ -38,6 +39,8 @@ def main(argv):
 
     config = get_config()
     config.num_seeds, config.num_steps = _SEEDS.value, _STEPS.value
+    if _VARIANTS.value:
+        config.variants = tuple(_VARIANTS.value)
     B = config.bandit.batch_size
     rows, compile_s, run_s = {}, 0.0, 0.0
     for v in config.variants:
