@@ -127,7 +127,7 @@ SBATCH=(sbatch --nodes="$NODES" --gpus-per-node="$GPUS_PER_NODE" --ntasks-per-no
   --chdir="$ROOT")
 [[ -z "$TIME" ]] || SBATCH+=(--time="$TIME")
 [[ -z "$PARTITION" ]] || SBATCH+=(--partition="$PARTITION")
-SBATCH+=("${BASH_SOURCE[0]}" --config="$CONFIG" --workdir="$WORKDIR" --port="$PORT")
+SBATCH+=("$ROOT/launch/slurm_gpu.sh" --config="$CONFIG" --workdir="$WORKDIR" --port="$PORT")
 [[ -z "$EXTRA" ]] || SBATCH+=(--extra="$EXTRA")
 
 if ((DRY_RUN)); then
