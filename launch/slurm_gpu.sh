@@ -3,7 +3,7 @@
 #
 # One process per node is JAX's recommended layout on GPU: a process sees every local GPU, and
 # the cross-node collectives run over NCCL. The coordinator is process 0 on the allocation's first
-# host, found with `scontrol show hostnames`, and every task gets explicit
+# host (first line of `scontrol show hostnames`), and every task gets explicit
 # --coordinator_address/--num_processes/--process_id flags (process id = SLURM_PROCID).
 #
 # Three ways to call it:
@@ -112,7 +112,11 @@ srun_command() { # $1 coordinator, $2 number of processes
 
 if [[ -n "${SLURM_JOB_ID:-}" && $DRY_RUN == 0 ]]; then
   # Inside the allocation: this is the batch script.
-  COORDINATOR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1):$PORT"
+  # The whole list is read (not `| head -n1`): under pipefail, head closing the pipe early would
+  # kill scontrol with SIGPIPE and fail the job on large allocations.
+  mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+  ((${#HOSTS[@]})) || die "scontrol found no hosts in SLURM_JOB_NODELIST='$SLURM_JOB_NODELIST'"
+  COORDINATOR="${HOSTS[0]}:$PORT"
   NUM_PROCESSES="${SLURM_NTASKS:-$SLURM_JOB_NUM_NODES}"
   echo "wmrl: job $SLURM_JOB_ID, $NUM_PROCESSES processes, coordinator $COORDINATOR"
   srun_command "$COORDINATOR" "$NUM_PROCESSES"
@@ -135,7 +139,7 @@ if ((DRY_RUN)); then
   NODELIST="${NODELIST:-$FAKE}"
   show "${SBATCH[@]}"
   echo "# inside the job (fake allocation SLURM_JOB_NODELIST=$NODELIST):"
-  echo "+ scontrol show hostnames $(quote "$NODELIST") | head -n1"
+  echo "+ scontrol show hostnames $(quote "$NODELIST")  # first host: the coordinator"
   srun_command "$(first_host_offline "$NODELIST"):$PORT" "$NODES"
   show "${SRUN[@]}"
   exit 0
