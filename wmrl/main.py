@@ -87,7 +87,8 @@ def main(argv: list[str]) -> None:
         use_all_cpu_cores()
         from wmrl.bandits.experiment import run_suite
 
-        summary = run_suite(config, workdir)
+        # Every process computes the suite; only the output owner writes it.
+        summary = run_suite(config, workdir if distributed.writes_outputs(cluster) else None)
         table = {v: s["final_suboptimality"] for v, s in summary["variants"].items()}
         print(json.dumps({"workdir": str(workdir), "final_suboptimality": table}, indent=2))
 
