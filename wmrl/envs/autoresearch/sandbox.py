@@ -1,0 +1,533 @@
+"""One isolated execution of an agent-written script.
+
+Isolation levels (``detect_isolation`` picks the strongest the host allows):
+
+``namespaces`` (root, as in CI):
+    Everything in ``rlimits`` plus fresh PID, network, IPC, UTS and mount
+    namespaces. The script sees a private root file system holding only
+    read-only system directories (/usr, /etc, the Python installation), its
+    data read-only at /sandbox/data, a size-capped tmpfs at /sandbox/work
+    (cwd, HOME, TMPDIR, /tmp) and a fresh /proc. Protects against: reading the
+    private labels or anything else on the host (they are not in its view),
+    network access (only a down loopback exists), signalling or even seeing
+    host processes (private PID space; the sandbox's init is PID 1 and the
+    whole namespace is killed when the script ends or times out, so double-fork
+    daemons die with it), filling the host disk (tmpfs quota), writing outside
+    its directory (read-only view), and keeping root (it runs as an unprivileged
+    per-slot uid with no_new_privs).
+
+``rlimits`` (fallback when namespaces are unavailable):
+    own session / process group, scrubbed environment, no inherited file
+    descriptors, a fresh temporary working directory with copies of the public
+    data, rlimits (CPU seconds, address space, processes, file size, open
+    files, no core dumps), a wall-clock timeout that kills the whole group,
+    capped stdout/stderr capture. As root it also drops to a per-slot uid
+    (so it cannot signal its supervisor or read 0700 ``private/`` dirs) and
+    kills every process of that uid afterwards. Does NOT protect against:
+    network access, reading world-readable host files, a daemon that leaves
+    the process group when not running as root, and filling the disk with many
+    files each under the file-size limit.
+
+The supervisor (``supervise``) runs in a forked child of the pool's template
+process (see ``forkserver``). With ``prefork`` the script itself runs in a fork
+of that pre-imported interpreter (numpy/pandas/scikit-learn already loaded),
+which removes ~2 s of import time per execution while every isolation step
+above still happens in the child before the script's first line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+import time
+import traceback
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+
+SANDBOX_DATA = "/sandbox/data"
+SANDBOX_WORK = "/sandbox/work"
+UID_BASE = 61000  # per-slot uids: UID_BASE + slot; need not exist in /etc/passwd
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Resource limits for one execution.
+
+    memory_mb is address space *beyond* the pre-imported interpreter's own
+    (numpy/pandas/sklearn reserve several hundred MB of virtual memory before
+    the script runs a line), so the budget means the same in every mode.
+    """
+
+    time_limit_s: float = 60.0
+    memory_mb: int = 2048
+    nproc: int = 256
+    nofile: int = 256
+    fsize_mb: int = 256
+    disk_mb: int = 256
+    output_tail_bytes: int = 4096
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None):
+    enc = lambda s: None if s is None else s.encode()
+    _check(_libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {dst}")
+
+
+def _unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def _prctl(option: int, arg: int) -> None:
+    _check(_libc.prctl(option, arg, 0, 0, 0), "prctl")
+
+
+_ISOLATION: str | None = None
+
+
+def detect_isolation() -> str:
+    """Return "namespaces" if this host lets us build the full sandbox, else "rlimits".
+
+    Probes for real in a throw-away child (unshare + tmpfs mount), so a
+    container that forbids it falls back instead of failing every run.
+    """
+    global _ISOLATION
+    if _ISOLATION is None:
+        _ISOLATION = "rlimits"
+        if sys.platform.startswith("linux") and os.geteuid() == 0:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    _unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
+                    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+                    _mount("tmpfs", "/tmp", "tmpfs", 0, "size=1m")
+                    code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) == 0:
+                _ISOLATION = "namespaces"
+    return _ISOLATION
+
+
+def _vm_size_mb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def _system_binds() -> list[str]:
+    """Host directories the script needs read-only: system libs and the Python install."""
+    paths = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32"]
+    for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        paths.append(os.path.realpath(p))
+    paths.append(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    out: list[str] = []
+    for p in sorted(set(paths), key=len):
+        if os.path.lexists(p) and not any(p == q or p.startswith(q + "/") for q in out):
+            out.append(p)
+    return out
+
+
+def _build_root(job: dict, uid: int) -> None:
+    """In a fresh mount namespace: assemble the script's file system view and chroot."""
+    root = os.path.join(job["workdir"], "root")
+    limits = job["limits"]
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    for path in _system_binds():
+        dst = root + path
+        if os.path.islink(path):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(path), dst)
+            continue
+        os.makedirs(dst, exist_ok=True)
+        _mount(path, dst, None, MS_BIND | MS_REC)
+        _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    dev = root + "/dev"
+    os.makedirs(dev)
+    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in ("null", "zero", "random", "urandom"):
+        open(f"{dev}/{name}", "w").close()
+        _mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
+        os.symlink(target, f"{dev}/{name}")
+    os.makedirs(dev + "/shm")
+    _mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+    data, work = root + SANDBOX_DATA, root + SANDBOX_WORK
+    os.makedirs(data)
+    os.makedirs(work)
+    os.makedirs(root + "/tmp")
+    os.makedirs(root + "/proc")
+    _mount(os.path.join(job["workdir"], "data"), data, None, MS_BIND)
+    _mount(None, data, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    opts = f"size={limits['disk_mb']}m,mode=0700,uid={uid},gid={uid}"
+    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+    os.makedirs(work + "/tmp")
+    os.chown(work + "/tmp", uid, uid)
+    _mount(work + "/tmp", root + "/tmp", None, MS_BIND)
+    shutil.copyfile(os.path.join(job["workdir"], "script.py"), work + "/script.py")
+    os.chown(work + "/script.py", uid, uid)
+    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m")
+    os.chroot(root)
+    os.chdir(SANDBOX_WORK)
+
+
+def _script_env(data_dir: str, work_dir: str) -> dict[str, str]:
+    """The whole environment the script gets: nothing inherited from the host."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": work_dir,
+        "TMPDIR": os.path.join(work_dir, "tmp"),
+        "LANG": "C.UTF-8",
+        "DATA_DIR": data_dir,
+        "SUBMISSION_PATH": os.path.join(work_dir, "submission.csv"),
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+    }
+
+
+def _become_script(job: dict, uid: int | None, env: dict, out_w: int, err_w: int) -> None:
+    """In the script's own process: drop privileges and limits, then run it. Never returns."""
+    code = 1
+    try:
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 65536)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        limits = job["limits"]
+        cpu = int(limits["time_limit_s"]) + 1
+        mem = (job["base_vm_mb"] + limits["memory_mb"]) * 2**20
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        for res, val in (
+            (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+            (resource.RLIMIT_AS, (mem, mem)),
+            (resource.RLIMIT_NPROC, (limits["nproc"], limits["nproc"])),
+            (resource.RLIMIT_NOFILE, (limits["nofile"], limits["nofile"])),
+            (resource.RLIMIT_FSIZE, (limits["fsize_mb"] * 2**20,) * 2),
+            (resource.RLIMIT_CORE, (0, 0)),
+        ):
+            resource.setrlimit(res, val)
+        script = os.path.join(os.getcwd(), "script.py")
+        if not job["prefork"]:
+            os.execve(sys.executable, [sys.executable, "-B", script], env)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = [script]
+        sys.path[0] = os.getcwd()
+        import runpy
+
+        code = 0
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, int | None):
+                print(e.code, file=sys.stderr)
+        except BaseException as e:
+            _print_script_traceback(e, script)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code & 0xFF)
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    """Print a traceback that starts at the script's own frames (sandbox frames hidden)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+
+
+def _copy_submission(src_path: str, out_dir_fd: int, cap: int) -> bool:
+    """Copy a regular, non-symlink submission file out of the sandbox (size-capped)."""
+    try:
+        fd = os.open(src_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not os.path.stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        data = os.read(fd, cap + 1)
+        chunks = [data]
+        while data and sum(map(len, chunks)) <= cap:
+            data = os.read(fd, 1 << 20)
+            chunks.append(data)
+        blob = b"".join(chunks)[:cap]
+    finally:
+        os.close(fd)
+    out = os.open("submission.csv", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=out_dir_fd)
+    with os.fdopen(out, "wb") as f:
+        f.write(blob)
+    return True
+
+
+def _wait_script(pid: int) -> tuple[int, object]:
+    """Reap children until the script's own pid exits (init must reap orphans too)."""
+    while True:
+        try:
+            got, status, rusage = os.wait4(-1, 0)
+        except ChildProcessError:
+            return 0, None
+        if got == pid:
+            return status, rusage
+
+
+def _init_main(job: dict, uid: int, out_w: int, err_w: int, status_w: int) -> None:
+    """PID 1 of the sandbox's PID namespace. Never returns.
+
+    Builds the file system view, forks the script, reaps everything, then
+    copies the submission out through a directory fd opened before chroot.
+    Its exit tears down the namespace, killing any process the script left.
+    """
+    result = {"infra_error": None}
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        out_dir_fd = os.open(os.path.join(job["workdir"], "out"), os.O_RDONLY | os.O_DIRECTORY)
+        _unshare(CLONE_NEWNS)
+        _build_root(job, uid)
+        env = _script_env(SANDBOX_DATA, SANDBOX_WORK)
+        pid = os.fork()
+        if pid == 0:
+            os.close(status_w)
+            _become_script(job, uid, env, out_w, err_w)
+        os.close(out_w)
+        os.close(err_w)
+        status, rusage = _wait_script(pid)
+        result.update(_status_fields(status, rusage))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)  # every other process in this PID namespace
+        result["submission"] = _copy_submission(
+            env["SUBMISSION_PATH"], out_dir_fd, job["limits"]["fsize_mb"] * 2**20
+        )
+    except BaseException as e:
+        result["infra_error"] = f"sandbox init: {type(e).__name__}: {e}"
+    finally:
+        try:
+            os.write(status_w, json.dumps(result).encode())
+        finally:
+            os._exit(0)
+
+
+def _status_fields(status: int, rusage) -> dict:
+    fields = {"exit_code": None, "signal": None, "cpu_s": None, "max_rss_mb": None}
+    if os.WIFSIGNALED(status):
+        fields["signal"] = os.WTERMSIG(status)
+    else:
+        fields["exit_code"] = os.WEXITSTATUS(status)
+    if rusage is not None:
+        fields["cpu_s"] = rusage.ru_utime + rusage.ru_stime
+        fields["max_rss_mb"] = rusage.ru_maxrss / 1024
+    return fields
+
+
+def _kill_uid(uid: int) -> None:
+    """Kill every process owned by a per-slot uid (rlimits mode, as root)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+            if str(uid) in uids:
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, StopIteration):
+            continue
+
+
+class _Tail:
+    """Keep the last ``cap`` bytes of a stream and count the total."""
+
+    def __init__(self, cap: int):
+        self.cap, self.buf, self.total = cap, b"", 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self.buf = (self.buf + chunk)[-self.cap :]
+
+    def text(self) -> str:
+        return self.buf.decode("utf-8", errors="replace")
+
+
+def _drain(fds: dict[int, _Tail], until: float) -> None:
+    """Read the pipes until EOF or the deadline (a killed sandbox closes them quickly)."""
+    open_fds = dict(fds)
+    while open_fds:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        ready, _, _ = select.select(list(open_fds), [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                open_fds[fd].add(chunk)
+            else:
+                del open_fds[fd]
+
+
+def supervise(job: dict) -> dict:
+    """Run ``job`` (see ``forkserver.make_job``) under isolation; return raw outcome fields.
+
+    Must run in a process that may fork and that owns no threads (a fork of
+    the template). The script's status is *not* decided here; the grader
+    turns these fields into a ``Status``.
+    """
+    t0 = time.monotonic()
+    limits = job["limits"]
+    isolation = job["isolation"]
+    uid = UID_BASE + int(job["slot"]) if os.geteuid() == 0 else None
+    workdir = job["workdir"]
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    st_r, st_w = os.pipe()
+    tails = {out_r: _Tail(limits["output_tail_bytes"]), err_r: _Tail(limits["output_tail_bytes"])}
+    if isolation == "namespaces":
+        _unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        pid = os.fork()
+        if pid == 0:
+            for fd in (out_r, err_r, st_r):
+                os.close(fd)
+            _init_main(job, uid, out_w, err_w, st_w)
+    else:
+        work = os.path.join(workdir, "work")
+        os.makedirs(os.path.join(work, "tmp"))
+        if uid is not None:
+            for p in (work, os.path.join(work, "tmp")):
+                os.chown(p, uid, uid)
+        shutil.copyfile(os.path.join(workdir, "script.py"), os.path.join(work, "script.py"))
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            os.chdir(work)
+            env = _script_env(os.path.join(workdir, "data"), work)
+            _become_script(job, uid, env, out_w, err_w)
+    for fd in (out_w, err_w, st_w):
+        os.close(fd)
+    deadline = t0 + limits["time_limit_s"]
+    status_chunks: list[bytes] = []
+    watched = [out_r, err_r, st_r]
+    timed_out = False
+    rlimit_status = None
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = True
+            break
+        timeout = min(deadline - now, 0.02 if isolation != "namespaces" else deadline - now)
+        ready, _, _ = select.select(watched, [], [], timeout)
+        finished = False
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if fd == st_r:
+                if chunk:
+                    status_chunks.append(chunk)
+                else:
+                    watched.remove(st_r)
+                    finished = isolation == "namespaces"
+            elif chunk:
+                tails[fd].add(chunk)
+            else:
+                watched.remove(fd)
+        if isolation != "namespaces":
+            got, status, rusage = os.wait4(pid, os.WNOHANG)
+            if got == pid:
+                rlimit_status = _status_fields(status, rusage)
+                finished = True
+        if finished:
+            break
+    runtime = time.monotonic() - t0
+    if isolation == "namespaces":
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        if uid is not None:
+            _kill_uid(uid)
+        if timed_out:
+            os.waitpid(pid, 0)
+    _drain(tails, time.monotonic() + 1.0)
+    for fd in (out_r, err_r, st_r):
+        os.close(fd)
+    result = {
+        "exit_code": None,
+        "signal": None,
+        "cpu_s": None,
+        "max_rss_mb": None,
+        "submission": False,
+        "infra_error": None,
+    }
+    if isolation == "namespaces":
+        if status_chunks:
+            result.update(json.loads(b"".join(status_chunks)))
+        elif not timed_out:
+            result["infra_error"] = "sandbox init exited without a status"
+    else:
+        if rlimit_status:
+            result.update(rlimit_status)
+        out_fd = os.open(os.path.join(workdir, "out"), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            result["submission"] = _copy_submission(
+                os.path.join(workdir, "work", "submission.csv"), out_fd, limits["fsize_mb"] * 2**20
+            )
+        finally:
+            os.close(out_fd)
+    result.update(
+        timed_out=timed_out,
+        runtime_s=runtime,
+        stdout_tail=tails[out_r].text(),
+        stderr_tail=tails[err_r].text(),
+        stdout_bytes=tails[out_r].total,
+        stderr_bytes=tails[err_r].total,
+        isolation=isolation,
+    )
+    return result
