@@ -128,6 +128,17 @@ class _TemplateProcess:
             self.proc.wait()
 
 
+def _check_traversable(path: str) -> None:
+    """rlimits mode runs scripts as an unprivileged uid that must reach its work dir."""
+    p = Path(path)
+    for parent in [p, *p.parents]:
+        if not parent.stat().st_mode & 0o001:
+            raise ValueError(
+                f"rlimits sandbox: {parent} is not world-traversable, so the sandbox uid "
+                "cannot reach its work dir; pass a workroot such as the system temp dir"
+            )
+
+
 class SandboxPool:
     """N sandbox slots (default: number of cores) fed from a thread pool.
 
@@ -163,6 +174,8 @@ class SandboxPool:
                 f"(host allows {self._template.isolation!r})"
             )
         self.isolation = self._template.isolation if isolation == "auto" else isolation
+        if self.isolation == "rlimits" and os.geteuid() == 0:
+            _check_traversable(self._workroot)
         self._slots: queue.Queue[int] = queue.Queue()
         for i in range(self.num_workers):
             self._slots.put(i)

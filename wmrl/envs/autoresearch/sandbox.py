@@ -369,18 +369,39 @@ def _status_fields(status: int, rusage) -> dict:
     return fields
 
 
-def _kill_uid(uid: int) -> None:
-    """Kill every process owned by a per-slot uid (rlimits mode, as root)."""
+def _uid_pids(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real, effective or saved uid is ``uid``."""
+    pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/status") as f:
-                uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
-            if str(uid) in uids:
-                os.kill(int(entry), signal.SIGKILL)
-        except (OSError, StopIteration):
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
             continue
+        if str(uid) in fields.get("Uid", "").split() and not fields["State"].strip().startswith(
+            ("Z", "X")
+        ):
+            pids.append(int(entry))
+    return pids
+
+
+def _kill_uid(uid: int, timeout: float = 2.0) -> None:
+    """Kill every process of a per-slot uid (rlimits mode, as root).
+
+    Scans repeat until none is left: a process forked between a scan and the
+    kill would otherwise survive (RLIMIT_NPROC bounds how many can appear).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = _uid_pids(uid)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)
 
 
 class _Tail:
