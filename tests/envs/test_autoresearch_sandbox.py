@@ -383,3 +383,19 @@ def test_rlimits_fallback_contains_basic_attacks(task):
         r = p.run(task, GOOD_SCRIPT)
         assert r.status == Status.VALID
         assert r.score == pytest.approx(good_script_score(task))
+
+
+def test_infrastructure_failure_is_retried_then_ungraded(task):
+    with SandboxPool(num_workers=1) as p:
+        fut = p.submit(task, "import time\ntime.sleep(1)\n")
+        time.sleep(0.5)
+        p._template.proc.kill()  # the sandbox machinery dies mid-run
+        r = fut.result()
+        assert r.status == Status.NO_SUBMISSION and r.attempts == 2
+        os.rmdir(p._workroot)  # now every attempt fails before the script runs
+        r = p.run(task, GOOD_SCRIPT)
+        assert r.status == Status.UNGRADED and r.attempts == 2
+        assert r.reward != r.reward  # NaN: masked, never scored 0
+        os.makedirs(p._workroot)
+        assert p.run(task, GOOD_SCRIPT).status == Status.VALID
+    assert wait_no_sandbox_pids() == []
