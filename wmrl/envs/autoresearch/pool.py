@@ -279,8 +279,9 @@ class SandboxPool:
     def _attempt(self, task: Task, source: bytes) -> ExecutionResult:
         limits = self._limits(task)
         slot = self._slots.get()
-        workdir = Path(tempfile.mkdtemp(prefix=f"{task.id[:40]}-", dir=self._workroot))
+        workdir = None
         try:
+            workdir = Path(tempfile.mkdtemp(prefix=f"{task.id[:40]}-", dir=self._workroot))
             os.chmod(workdir, 0o755)
             (workdir / "data").mkdir()
             (workdir / "out").mkdir()
@@ -302,7 +303,8 @@ class SandboxPool:
                 raise InfrastructureError(raw["infra_error"])
             return self._grade(task, limits, raw, workdir / "out" / "submission.csv")
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
             self._slots.put(slot)
 
     def _grade(self, task: Task, limits: Limits, raw: dict, sub_path: Path) -> ExecutionResult:
