@@ -204,15 +204,19 @@ def build_leaderboard(task_dir: str | os.PathLike, pool=None) -> dict:
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("csv", None, "input CSV file")
-flags.DEFINE_string("target", None, "target column")
-flags.DEFINE_string("metric", None, "accuracy | f1_macro | roc_auc | rmse | mae | r2")
-flags.DEFINE_string("out", None, "task directory to write (replaced if it exists)")
-flags.DEFINE_string("id", None, "task id (default: the out dir's name)")
-flags.DEFINE_float("test_fraction", 0.25, "fraction of rows held out as the test set")
-flags.DEFINE_float("time_limit", 60.0, "wall-clock seconds per execution")
-flags.DEFINE_integer("memory_mb", 2048, "memory budget per execution")
-flags.DEFINE_integer("workers", None, "sandbox slots for the baselines (default: cores)")
+
+
+def _define_flags() -> None:
+    """Flags are defined only when run as a program, so modules import side-effect free."""
+    flags.DEFINE_string("csv", None, "input CSV file")
+    flags.DEFINE_string("target", None, "target column")
+    flags.DEFINE_string("metric", None, "accuracy | f1_macro | roc_auc | rmse | mae | r2")
+    flags.DEFINE_string("out", None, "task directory to write (replaced if it exists)")
+    flags.DEFINE_string("id", None, "task id (default: the out dir's name)")
+    flags.DEFINE_float("test_fraction", 0.25, "fraction of rows held out as the test set")
+    flags.DEFINE_float("time_limit", 60.0, "wall-clock seconds per execution")
+    flags.DEFINE_integer("memory_mb", 2048, "memory budget per execution")
+    flags.DEFINE_integer("workers", None, "sandbox slots for the baselines (default: cores)")
 
 
 def main(argv) -> None:
@@ -241,4 +245,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

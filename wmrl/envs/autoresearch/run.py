@@ -15,10 +15,14 @@ import os
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("task", None, "task directory")
-flags.DEFINE_string("script", None, "Python script to execute")
-flags.DEFINE_enum("isolation", "auto", ["auto", "namespaces", "rlimits"], "isolation level")
-flags.DEFINE_bool("prefork", True, "fork from the pre-imported template (fast start-up)")
+
+
+def _define_flags() -> None:
+    """Flags are defined only when run as a program, so modules import side-effect free."""
+    flags.DEFINE_string("task", None, "task directory")
+    flags.DEFINE_string("script", None, "Python script to execute")
+    flags.DEFINE_enum("isolation", "auto", ["auto", "namespaces", "rlimits"], "isolation level")
+    flags.DEFINE_bool("prefork", True, "fork from the pre-imported template (fast start-up)")
 
 
 def main(argv) -> None:
@@ -44,4 +48,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
