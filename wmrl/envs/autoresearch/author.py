@@ -149,6 +149,9 @@ def _imports(model_expr: str, spec: ScriptSpec) -> list[str]:
     return lines
 
 
+DENSE_ONLY = ("hgb", "naive_bayes")  # estimators that reject sparse one-hot output
+
+
 def _preprocessing(spec: ScriptSpec) -> list[str]:
     num_steps, cat_steps = [], []
     if spec.impute:
@@ -157,7 +160,8 @@ def _preprocessing(spec: ScriptSpec) -> list[str]:
     if spec.scale:
         num_steps.append('("scale", StandardScaler())')
     if spec.encode == "onehot":
-        cat_steps.append('("encode", OneHotEncoder(handle_unknown="ignore"))')
+        dense = ", sparse_output=False" if spec.model in DENSE_ONLY else ""
+        cat_steps.append(f'("encode", OneHotEncoder(handle_unknown="ignore"{dense}))')
     elif spec.encode == "ordinal":
         cat_steps.append(
             '("encode", OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=-1))'
