@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason=
 
 
 def sandbox_pids() -> list[int]:
-    """Live processes owned by any per-slot sandbox uid (zombies excluded)."""
-    return [p for i in range(64) for p in sandbox._uid_pids(sandbox.UID_BASE + i)]
+    """Live processes owned by any sandbox uid (zombies excluded)."""
+    lo, hi = sandbox.UID_BASE, sandbox.UID_BASE + sandbox.UID_BLOCK * sandbox.UID_BLOCKS
+    return sandbox.live_pids_with_uid(lo, hi)
 
 
 def wait_no_sandbox_pids(timeout: float = 3.0) -> list[int]:

@@ -50,20 +50,6 @@ PREIMPORT = (
 )
 
 
-def make_job(
-    job_id: str, workdir: str, limits: dict, slot: int, isolation: str, prefork: bool
-) -> dict:
-    """A job message. ``workdir`` holds data/, script.py and an empty out/."""
-    return {
-        "id": job_id,
-        "workdir": workdir,
-        "limits": limits,
-        "slot": slot,
-        "isolation": isolation,
-        "prefork": prefork,
-    }
-
-
 def _run_supervisor(job: dict) -> None:
     from wmrl.envs.autoresearch import sandbox
 

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from wmrl.envs.autoresearch import sandbox
 from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
 from wmrl.envs.autoresearch.sandbox import Limits
 from wmrl.envs.autoresearch.task import Task
@@ -176,6 +177,9 @@ class SandboxPool:
         self.isolation = self._template.isolation if isolation == "auto" else isolation
         if self.isolation == "rlimits" and os.geteuid() == 0:
             _check_traversable(self._workroot)
+        if self.num_workers > sandbox.UID_BLOCK:
+            raise ValueError(f"at most {sandbox.UID_BLOCK} workers per pool")
+        self.uid_base = sandbox.allocate_uid_block()
         self._slots: queue.Queue[int] = queue.Queue()
         for i in range(self.num_workers):
             self._slots.put(i)
@@ -294,6 +298,7 @@ class SandboxPool:
                 "workdir": str(workdir),
                 "limits": limits.to_json(),
                 "slot": slot,
+                "uid": self.uid_base + slot,
                 "isolation": self.isolation,
                 "prefork": self.prefork,
             }

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -61,7 +62,9 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 
 SANDBOX_DATA = "/sandbox/data"
 SANDBOX_WORK = "/sandbox/work"
-UID_BASE = 61000  # per-slot uids: UID_BASE + slot; need not exist in /etc/passwd
+UID_BASE = 61000  # sandbox uids need not exist in /etc/passwd
+UID_BLOCK = 64  # uids per pool: one per slot
+UID_BLOCKS = 32000  # sandbox uids live in [UID_BASE, UID_BASE + UID_BLOCK * UID_BLOCKS)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -133,6 +136,20 @@ def detect_isolation() -> str:
             if os.waitstatus_to_exitcode(status) == 0:
                 _ISOLATION = "namespaces"
     return _ISOLATION
+
+
+_pool_counter = itertools.count()
+
+
+def allocate_uid_block() -> int:
+    """First uid of a fresh block for one pool (slot i runs as block + i).
+
+    Distinct pools (in this process or others on the host) get distinct
+    blocks, so RLIMIT_NPROC, signals and the rlimits-mode uid sweep never
+    touch another pool's sandboxes.
+    """
+    block = (os.getpid() % (UID_BLOCKS // 16)) * 16 + next(_pool_counter) % 16
+    return UID_BASE + UID_BLOCK * block
 
 
 def _vm_size_mb() -> int:
@@ -369,8 +386,9 @@ def _status_fields(status: int, rusage) -> dict:
     return fields
 
 
-def _uid_pids(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real, effective or saved uid is ``uid``."""
+def live_pids_with_uid(lo: int, hi: int | None = None) -> list[int]:
+    """Live (non-zombie) processes with a real, effective or saved uid in [lo, hi)."""
+    hi = lo + 1 if hi is None else hi
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -380,9 +398,9 @@ def _uid_pids(uid: int) -> list[int]:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-        if str(uid) in fields.get("Uid", "").split() and not fields["State"].strip().startswith(
-            ("Z", "X")
-        ):
+        uids = [int(u) for u in fields.get("Uid", "").split()[:3]]
+        state = fields.get("State", "").strip()
+        if any(lo <= u < hi for u in uids) and not state.startswith(("Z", "X")):
             pids.append(int(entry))
     return pids
 
@@ -395,7 +413,7 @@ def _kill_uid(uid: int, timeout: float = 2.0) -> None:
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pids = _uid_pids(uid)
+        pids = live_pids_with_uid(uid)
         if not pids:
             return
         for pid in pids:
@@ -435,7 +453,11 @@ def _drain(fds: dict[int, _Tail], until: float) -> None:
 
 
 def supervise(job: dict) -> dict:
-    """Run ``job`` (see ``forkserver.make_job``) under isolation; return raw outcome fields.
+    """Run one job under isolation; return raw outcome fields.
+
+    ``job``: id, workdir (holding data/, script.py and an empty out/ and
+    root/), limits (``Limits.to_json()``), uid, isolation, prefork, and
+    base_vm_mb (added by the template).
 
     Must run in a process that may fork and that owns no threads (a fork of
     the template). The script's status is *not* decided here; the grader
@@ -444,7 +466,7 @@ def supervise(job: dict) -> dict:
     t0 = time.monotonic()
     limits = job["limits"]
     isolation = job["isolation"]
-    uid = UID_BASE + int(job["slot"]) if os.geteuid() == 0 else None
+    uid = int(job["uid"]) if os.geteuid() == 0 else None
     workdir = job["workdir"]
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
