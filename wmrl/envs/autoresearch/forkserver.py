@@ -54,7 +54,7 @@ def _run_supervisor(job: dict) -> None:
     from wmrl.envs.autoresearch import sandbox
 
     try:
-        sandbox._prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+        sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDWR)
@@ -72,7 +72,7 @@ def _run_supervisor(job: dict) -> None:
 def main() -> None:
     from wmrl.envs.autoresearch import sandbox
 
-    sandbox._prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+    sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
     if "--no-preimport" not in sys.argv:
         for name in PREIMPORT:
             try:

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from wmrl.envs.autoresearch import sandbox
+from wmrl.envs.autoresearch import cgroups, sandbox
 from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
 from wmrl.envs.autoresearch.sandbox import Limits
 from wmrl.envs.autoresearch.task import Task
@@ -168,14 +168,17 @@ class SandboxPool:
         os.chmod(self._workroot, 0o755)
         self._template_lock = threading.Lock()
         self._template = _TemplateProcess(preimport=prefork)
-        if isolation not in ("auto", self._template.isolation, "rlimits"):
+        host_level, _, cgroup = self._template.isolation.partition("+")
+        if isolation not in ("auto", host_level, "rlimits"):
             self.close()
             raise ValueError(
                 f"isolation {isolation!r} is not available here "
                 f"(host allows {self._template.isolation!r})"
             )
-        self.isolation = self._template.isolation if isolation == "auto" else isolation
-        if self.isolation == "rlimits" and os.geteuid() == 0:
+        self._level = host_level if isolation == "auto" else isolation
+        self._cgroup = cgroup == "cgroup"
+        self.isolation = self._level + ("+cgroup" if self._cgroup else "")
+        if self._level == "rlimits" and os.geteuid() == 0:
             _check_traversable(self._workroot)
         if self.num_workers > sandbox.UID_BLOCK:
             raise ValueError(f"at most {sandbox.UID_BLOCK} workers per pool")
@@ -283,7 +286,7 @@ class SandboxPool:
     def _attempt(self, task: Task, source: bytes) -> ExecutionResult:
         limits = self._limits(task)
         slot = self._slots.get()
-        workdir = None
+        workdir = job = None
         try:
             workdir = Path(tempfile.mkdtemp(prefix=f"{task.id[:40]}-", dir=self._workroot))
             os.chmod(workdir, 0o755)
@@ -299,7 +302,8 @@ class SandboxPool:
                 "limits": limits.to_json(),
                 "slot": slot,
                 "uid": self.uid_base + slot,
-                "isolation": self.isolation,
+                "isolation": self._level,
+                "cgroup": self._cgroup,
                 "prefork": self.prefork,
             }
             self._template_for_job().run(job, timeout=limits.time_limit_s + 60)
@@ -310,6 +314,8 @@ class SandboxPool:
         finally:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
+            if self._cgroup and job is not None:
+                cgroups.remove_stale(f"wmrl-{job['id']}")
             self._slots.put(slot)
 
     def _grade(self, task: Task, limits: Limits, raw: dict, sub_path: Path) -> ExecutionResult:
@@ -317,7 +323,10 @@ class SandboxPool:
         cpu_hit = raw.get("cpu_s") is not None and raw["cpu_s"] >= cpu_limit - 0.05
         sig = raw.get("signal")
         detail = ""
-        if raw["timed_out"] or (sig is not None and cpu_hit) or sig == 24:  # 24 = SIGXCPU
+        if raw.get("oom_killed"):
+            status, score, pct = Status.RUNTIME_ERROR, None, None
+            detail = "memory limit (a process was OOM-killed in the job cgroup)"
+        elif raw["timed_out"] or (sig is not None and cpu_hit) or sig == 24:  # 24 = SIGXCPU
             status, score, pct, detail = Status.TIMEOUT, None, None, "time limit"
         elif sig is not None or raw.get("exit_code") not in (0, None):
             status, score, pct = Status.RUNTIME_ERROR, None, None

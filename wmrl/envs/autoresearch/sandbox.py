@@ -38,7 +38,6 @@ above still happens in the child before the script's first line.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import itertools
 import json
@@ -51,22 +50,29 @@ import sys
 import time
 import traceback
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+from wmrl.envs.autoresearch import cgroups
+from wmrl.envs.autoresearch.linux import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUTS,
+    MS_PRIVATE,
+    MS_REC,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_PDEATHSIG,
+    SANDBOX_DATA,
+    SANDBOX_WORK,
+    build_root,
+    kill_uid,
+    mount,
+    prctl,
+    unshare,
+)
 
-SANDBOX_DATA = "/sandbox/data"
-SANDBOX_WORK = "/sandbox/work"
 UID_BASE = 61000  # sandbox uids need not exist in /etc/passwd
 UID_BLOCK = 64  # uids per pool: one per slot
 UID_BLOCKS = 32000  # sandbox uids live in [UID_BASE, UID_BASE + UID_BLOCK * UID_BLOCKS)
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,34 +96,22 @@ class Limits:
         return dataclasses.asdict(self)
 
 
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None):
-    enc = lambda s: None if s is None else s.encode()
-    _check(_libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {dst}")
-
-
-def _unshare(flags: int) -> None:
-    _check(_libc.unshare(flags), "unshare")
-
-
-def _prctl(option: int, arg: int) -> None:
-    _check(_libc.prctl(option, arg, 0, 0, 0), "prctl")
-
-
 _ISOLATION: str | None = None
 
 
 def detect_isolation() -> str:
-    """Return "namespaces" if this host lets us build the full sandbox, else "rlimits".
+    """The strongest level this host allows: "namespaces" or "rlimits", plus "+cgroup".
 
     Probes for real in a throw-away child (unshare + tmpfs mount), so a
-    container that forbids it falls back instead of failing every run.
+    container that forbids it falls back instead of failing every run. The
+    "+cgroup" suffix says per-execution memory/pids cgroups (``cgroups.py``)
+    cap the total over all of a script's processes.
     """
+    level = _detect_base_isolation()
+    return level + "+cgroup" if cgroups.available() else level
+
+
+def _detect_base_isolation() -> str:
     global _ISOLATION
     if _ISOLATION is None:
         _ISOLATION = "rlimits"
@@ -126,9 +120,9 @@ def detect_isolation() -> str:
             if pid == 0:
                 code = 1
                 try:
-                    _unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
-                    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-                    _mount("tmpfs", "/tmp", "tmpfs", 0, "size=1m")
+                    unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
+                    mount(None, "/", None, MS_REC | MS_PRIVATE)
+                    mount("tmpfs", "/tmp", "tmpfs", 0, "size=1m")
                     code = 0
                 finally:
                     os._exit(code)
@@ -158,69 +152,6 @@ def _vm_size_mb() -> int:
             if line.startswith("VmSize:"):
                 return int(line.split()[1]) // 1024
     return 0
-
-
-def _system_binds() -> list[str]:
-    """Host directories the script needs read-only: system libs and the Python install."""
-    paths = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32"]
-    for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
-        paths.append(os.path.realpath(p))
-    paths.append(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
-    out: list[str] = []
-    for p in sorted(set(paths), key=len):
-        if os.path.lexists(p) and not any(p == q or p.startswith(q + "/") for q in out):
-            out.append(p)
-    return out
-
-
-def _build_root(job: dict, uid: int) -> None:
-    """In a fresh mount namespace: assemble the script's file system view and chroot."""
-    root = os.path.join(job["workdir"], "root")
-    limits = job["limits"]
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
-    for path in _system_binds():
-        dst = root + path
-        if os.path.islink(path):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            os.symlink(os.readlink(path), dst)
-            continue
-        os.makedirs(dst, exist_ok=True)
-        _mount(path, dst, None, MS_BIND | MS_REC)
-        _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    dev = root + "/dev"
-    os.makedirs(dev)
-    _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-    for name in ("null", "zero", "random", "urandom"):
-        open(f"{dev}/{name}", "w").close()
-        _mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
-    for name, target in (
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ):
-        os.symlink(target, f"{dev}/{name}")
-    os.makedirs(dev + "/shm")
-    _mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
-    data, work = root + SANDBOX_DATA, root + SANDBOX_WORK
-    os.makedirs(data)
-    os.makedirs(work)
-    os.makedirs(root + "/tmp")
-    os.makedirs(root + "/proc")
-    _mount(os.path.join(job["workdir"], "data"), data, None, MS_BIND)
-    _mount(None, data, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    opts = f"size={limits['disk_mb']}m,mode=0700,uid={uid},gid={uid}"
-    _mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    os.makedirs(work + "/tmp")
-    os.chown(work + "/tmp", uid, uid)
-    _mount(work + "/tmp", root + "/tmp", None, MS_BIND)
-    shutil.copyfile(os.path.join(job["workdir"], "script.py"), work + "/script.py")
-    os.chown(work + "/script.py", uid, uid)
-    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m")
-    os.chroot(root)
-    os.chdir(SANDBOX_WORK)
 
 
 def _script_env(data_dir: str, work_dir: str) -> dict[str, str]:
@@ -254,11 +185,13 @@ def _become_script(job: dict, uid: int | None, env: dict, out_w: int, err_w: int
         limits = job["limits"]
         cpu = int(limits["time_limit_s"]) + 1
         mem = (job["base_vm_mb"] + limits["memory_mb"]) * 2**20
+        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+            f.write("0")  # the supervisor and init are exempt from OOM kills; the script not
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
         for res, val in (
             (resource.RLIMIT_CPU, (cpu, cpu + 1)),
             (resource.RLIMIT_AS, (mem, mem)),
@@ -347,10 +280,10 @@ def _init_main(job: dict, uid: int, out_w: int, err_w: int, status_w: int) -> No
     """
     result = {"infra_error": None}
     try:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         out_dir_fd = os.open(os.path.join(job["workdir"], "out"), os.O_RDONLY | os.O_DIRECTORY)
-        _unshare(CLONE_NEWNS)
-        _build_root(job, uid)
+        unshare(CLONE_NEWNS)
+        build_root(job, uid)
         env = _script_env(SANDBOX_DATA, SANDBOX_WORK)
         pid = os.fork()
         if pid == 0:
@@ -386,42 +319,6 @@ def _status_fields(status: int, rusage) -> dict:
     return fields
 
 
-def live_pids_with_uid(lo: int, hi: int | None = None) -> list[int]:
-    """Live (non-zombie) processes with a real, effective or saved uid in [lo, hi)."""
-    hi = lo + 1 if hi is None else hi
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        uids = [int(u) for u in fields.get("Uid", "").split()[:3]]
-        state = fields.get("State", "").strip()
-        if any(lo <= u < hi for u in uids) and not state.startswith(("Z", "X")):
-            pids.append(int(entry))
-    return pids
-
-
-def _kill_uid(uid: int, timeout: float = 2.0) -> None:
-    """Kill every process of a per-slot uid (rlimits mode, as root).
-
-    Scans repeat until none is left: a process forked between a scan and the
-    kill would otherwise survive (RLIMIT_NPROC bounds how many can appear).
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = live_pids_with_uid(uid)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)
-
-
 class _Tail:
     """Keep the last ``cap`` bytes of a stream and count the total."""
 
@@ -434,6 +331,26 @@ class _Tail:
 
     def text(self) -> str:
         return self.buf.decode("utf-8", errors="replace")
+
+
+def _enter_job_cgroup(job: dict):
+    """Put the supervisor (and so the whole sandbox) in a fresh memory + pids cgroup.
+
+    The cap covers the script's memory plus its tmpfs work dir and /dev/shm,
+    with slack for the supervisor and init, which are exempted from the OOM
+    killer so that an OOM kill always lands on the script's processes.
+    Returns None (and the run says so) if the cgroup cannot be made.
+    """
+    limits = job["limits"]
+    mem = (limits["memory_mb"] + limits["disk_mb"] + 16 + 64) * 2**20
+    try:
+        cg = cgroups.JobCgroup(f"wmrl-{job['id']}", mem, limits["nproc"] + 16)
+        cg.enter()
+    except OSError:
+        return None
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-1000")
+    return cg
 
 
 def _drain(fds: dict[int, _Tail], until: float) -> None:
@@ -467,13 +384,14 @@ def supervise(job: dict) -> dict:
     limits = job["limits"]
     isolation = job["isolation"]
     uid = int(job["uid"]) if os.geteuid() == 0 else None
+    cgroup = _enter_job_cgroup(job) if job.get("cgroup") else None
     workdir = job["workdir"]
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     st_r, st_w = os.pipe()
     tails = {out_r: _Tail(limits["output_tail_bytes"]), err_r: _Tail(limits["output_tail_bytes"])}
     if isolation == "namespaces":
-        _unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
+        unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
         pid = os.fork()
         if pid == 0:
             for fd in (out_r, err_r, st_r):
@@ -535,7 +453,7 @@ def supervise(job: dict) -> dict:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
         if uid is not None:
-            _kill_uid(uid)
+            kill_uid(uid)
         if timed_out:
             os.waitpid(pid, 0)
     _drain(tails, time.monotonic() + 1.0)
@@ -564,6 +482,9 @@ def supervise(job: dict) -> dict:
             )
         finally:
             os.close(out_fd)
+    if cgroup is not None:
+        result["oom_killed"] = cgroup.oom_killed()
+        cgroup.leave_and_remove()
     result.update(
         timed_out=timed_out,
         runtime_s=runtime,
@@ -571,6 +492,6 @@ def supervise(job: dict) -> dict:
         stderr_tail=tails[err_r].text(),
         stdout_bytes=tails[out_r].total,
         stderr_bytes=tails[err_r].total,
-        isolation=isolation,
+        isolation=isolation + ("+cgroup" if cgroup is not None else ""),
     )
     return result
