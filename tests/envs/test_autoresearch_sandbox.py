@@ -431,3 +431,14 @@ def test_infrastructure_failure_is_retried_then_ungraded(task):
     for controller in ("memory", "pids"):  # the killed supervisor's cgroup was removed too
         own = cgroups._own_dir(controller)
         assert own is None or not list(own.glob("wmrl-*"))
+
+
+def test_fresh_interpreter_mode_gives_the_same_results(task):
+    """prefork=False execs a new interpreter after the same isolation steps."""
+    with SandboxPool(num_workers=1, prefork=False) as p:
+        r = p.run(task, GOOD_SCRIPT)
+        assert r.status == Status.VALID
+        assert r.score == pytest.approx(good_script_score(task))
+        r = p.run(task, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\n")
+        assert r.status == Status.RUNTIME_ERROR
+    assert wait_no_sandbox_pids() == []

@@ -28,6 +28,10 @@ Isolation levels (``detect_isolation`` picks the strongest the host allows):
     the process group when not running as root, and filling the disk with many
     files each under the file-size limit.
 
+``+cgroup`` (either level, where cgroup v1 is writable): a per-execution
+memory + pids cgroup caps the total over all the script's processes (see
+``cgroups``); an OOM kill there is graded as a runtime error.
+
 The supervisor (``supervise``) runs in a forked child of the pool's template
 process (see ``forkserver``). With ``prefork`` the script itself runs in a fork
 of that pre-imported interpreter (numpy/pandas/scikit-learn already loaded),
