@@ -106,7 +106,7 @@ class JobCgroup:
                 except OSError:
                     if time.monotonic() > deadline:
                         break
-                    time.sleep(0.01)
+                    time.sleep(0.001)
 
 
 def remove_stale(name: str, timeout: float = 3.0) -> None:
@@ -128,4 +128,4 @@ def remove_stale(name: str, timeout: float = 3.0) -> None:
             except OSError:  # its processes are still being killed
                 if time.monotonic() > deadline:
                     break
-                time.sleep(0.01)
+                time.sleep(0.001)

@@ -97,7 +97,7 @@ def build_root(job: dict, uid: int) -> None:
     os.makedirs(work)
     os.makedirs(root + "/tmp")
     os.makedirs(root + "/proc")
-    mount(os.path.join(job["workdir"], "data"), data, None, MS_BIND)
+    mount(job["data_dir"], data, None, MS_BIND)
     mount(None, data, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     opts = f"size={limits['disk_mb']}m,mode=0700,uid={uid},gid={uid}"
     mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, opts)

@@ -290,15 +290,20 @@ class SandboxPool:
         try:
             workdir = Path(tempfile.mkdtemp(prefix=f"{task.id[:40]}-", dir=self._workroot))
             os.chmod(workdir, 0o755)
-            (workdir / "data").mkdir()
             (workdir / "out").mkdir()
             (workdir / "root").mkdir()
-            for name in ("train.csv", "test.csv", "description.md"):
-                shutil.copyfile(task.public_dir / name, workdir / "data" / name)
+            if self._level == "namespaces":
+                data_dir = task.public_dir  # bind-mounted read-only: nothing to copy
+            else:  # the script may run as our own user here: give it copies
+                data_dir = workdir / "data"
+                data_dir.mkdir()
+                for name in ("train.csv", "test.csv", "description.md"):
+                    shutil.copyfile(task.public_dir / name, data_dir / name)
             (workdir / "script.py").write_bytes(source)
             job = {
                 "id": uuid.uuid4().hex,
                 "workdir": str(workdir),
+                "data_dir": str(data_dir),
                 "limits": limits.to_json(),
                 "slot": slot,
                 "uid": self.uid_base + slot,

@@ -376,9 +376,10 @@ def _drain(fds: dict[int, _Tail], until: float) -> None:
 def supervise(job: dict) -> dict:
     """Run one job under isolation; return raw outcome fields.
 
-    ``job``: id, workdir (holding data/, script.py and an empty out/ and
-    root/), limits (``Limits.to_json()``), uid, isolation, prefork, and
-    base_vm_mb (added by the template).
+    ``job``: id, workdir (holding script.py and empty out/ and root/),
+    data_dir (the public data, read-only to the script), limits
+    (``Limits.to_json()``), uid, isolation, cgroup, prefork, and base_vm_mb
+    (added by the template).
 
     Must run in a process that may fork and that owns no threads (a fork of
     the template). The script's status is *not* decided here; the grader
@@ -412,7 +413,7 @@ def supervise(job: dict) -> dict:
         if pid == 0:
             os.setsid()
             os.chdir(work)
-            env = _script_env(os.path.join(workdir, "data"), work)
+            env = _script_env(job["data_dir"], work)
             _become_script(job, uid, env, out_w, err_w)
     for fd in (out_w, err_w, st_w):
         os.close(fd)
