@@ -236,21 +236,29 @@ def test_network_connection(pool, task):
 
 
 def test_kill_the_parent(pool, task):
+    host = [os.getpid(), pool._template.proc.pid]  # the pool and its template, from outside
     r = run(
         pool,
         task,
-        """
+        f"""
         import os, signal
-        for pid in {os.getppid(), 1, os.getpid() - 1}:
+        for pid in [os.getppid(), 1, *{host!r}]:
             try:
                 os.kill(pid, signal.SIGKILL)
-                print("killed", pid)
+                print("signalled", pid)
             except OSError as e:
                 print("denied", pid, e)
+        print("alive")
+        print("visible", sum(e.isdigit() for e in os.listdir("/proc")))
     """,
     )
-    assert r.status == Status.NO_SUBMISSION, r
-    assert "killed" not in r.stdout_tail
+    assert r.status == Status.NO_SUBMISSION and r.attempts == 1, r
+    assert "alive" in r.stdout_tail  # kills aimed at its own namespace's init are ignored
+    for pid in host:
+        assert f"denied {pid}" in r.stdout_tail
+    if r.isolation.startswith("namespaces"):
+        assert "visible 1\n" in r.stdout_tail  # a private PID space: only itself
+    assert pool._template.alive()
     check_clean(pool, task)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
 import sys
 import time
@@ -62,11 +61,13 @@ def _system_binds() -> list[str]:
     return out
 
 
-def build_root(job: dict, uid: int) -> None:
-    """In a fresh mount namespace: assemble the script's file system view and chroot."""
+def build_root(job: dict) -> None:
+    """In the sandbox's private mount namespace: assemble the script's view and chroot.
+
+    ``<workdir>/work`` must already be the job's size-capped tmpfs (mounted by
+    the supervisor, which reads the submission from it afterwards).
+    """
     root = os.path.join(job["workdir"], "root")
-    limits = job["limits"]
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     for path in _system_binds():
         dst = root + path
@@ -99,13 +100,8 @@ def build_root(job: dict, uid: int) -> None:
     os.makedirs(root + "/proc")
     mount(job["data_dir"], data, None, MS_BIND)
     mount(None, data, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    opts = f"size={limits['disk_mb']}m,mode=0700,uid={uid},gid={uid}"
-    mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    os.makedirs(work + "/tmp")
-    os.chown(work + "/tmp", uid, uid)
+    mount(os.path.join(job["workdir"], "work"), work, None, MS_BIND)
     mount(work + "/tmp", root + "/tmp", None, MS_BIND)
-    shutil.copyfile(os.path.join(job["workdir"], "script.py"), work + "/script.py")
-    os.chown(work + "/script.py", uid, uid)
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m")
     os.chroot(root)

@@ -10,9 +10,9 @@ Isolation levels (``detect_isolation`` picks the strongest the host allows):
     (cwd, HOME, TMPDIR, /tmp) and a fresh /proc. Protects against: reading the
     private labels or anything else on the host (they are not in its view),
     network access (only a down loopback exists), signalling or even seeing
-    host processes (private PID space; the sandbox's init is PID 1 and the
-    whole namespace is killed when the script ends or times out, so double-fork
-    daemons die with it), filling the host disk (tmpfs quota), writing outside
+    host processes (private PID space; the script is PID 1 of it, so when it
+    ends or is killed at the time limit the kernel kills every process it
+    started, double-fork daemons included), filling the host disk (tmpfs quota), writing outside
     its directory (read-only view), and keeping root (it runs as an unprivileged
     per-slot uid with no_new_privs).
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import json
 import os
 import resource
 import select
@@ -61,6 +60,8 @@ from wmrl.envs.autoresearch.linux import (
     CLONE_NEWNS,
     CLONE_NEWPID,
     CLONE_NEWUTS,
+    MS_NODEV,
+    MS_NOSUID,
     MS_PRIVATE,
     MS_REC,
     PR_SET_NO_NEW_PRIVS,
@@ -184,17 +185,21 @@ def _become_script(job: dict, uid: int | None, env: dict, out_w: int, err_w: int
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.closerange(3, 65536)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
+        # What a fresh interpreter would have (the template changed SIGCHLD).
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         limits = job["limits"]
         cpu = int(limits["time_limit_s"]) + 1
         mem = (job["base_vm_mb"] + limits["memory_mb"]) * 2**20
         with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
-            f.write("0")  # the supervisor and init are exempt from OOM kills; the script not
+            f.write("0")  # the supervisor is exempt from OOM kills; the script is not
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a credential change clears it
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         for res, val in (
             (resource.RLIMIT_CPU, (cpu, cpu + 1)),
@@ -264,53 +269,6 @@ def _copy_submission(src_path: str, out_dir_fd: int, cap: int) -> bool:
     return True
 
 
-def _wait_script(pid: int) -> tuple[int, object]:
-    """Reap children until the script's own pid exits (init must reap orphans too)."""
-    while True:
-        try:
-            got, status, rusage = os.wait4(-1, 0)
-        except ChildProcessError:
-            return 0, None
-        if got == pid:
-            return status, rusage
-
-
-def _init_main(job: dict, uid: int, out_w: int, err_w: int, status_w: int) -> None:
-    """PID 1 of the sandbox's PID namespace. Never returns.
-
-    Builds the file system view, forks the script, reaps everything, then
-    copies the submission out through a directory fd opened before chroot.
-    Its exit tears down the namespace, killing any process the script left.
-    """
-    result = {"infra_error": None}
-    try:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        out_dir_fd = os.open(os.path.join(job["workdir"], "out"), os.O_RDONLY | os.O_DIRECTORY)
-        unshare(CLONE_NEWNS)
-        build_root(job, uid)
-        env = _script_env(SANDBOX_DATA, SANDBOX_WORK)
-        pid = os.fork()
-        if pid == 0:
-            os.close(status_w)
-            _become_script(job, uid, env, out_w, err_w)
-        os.close(out_w)
-        os.close(err_w)
-        status, rusage = _wait_script(pid)
-        result.update(_status_fields(status, rusage))
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(-1, signal.SIGKILL)  # every other process in this PID namespace
-        result["submission"] = _copy_submission(
-            env["SUBMISSION_PATH"], out_dir_fd, job["limits"]["fsize_mb"] * 2**20
-        )
-    except BaseException as e:
-        result["infra_error"] = f"sandbox init: {type(e).__name__}: {e}"
-    finally:
-        try:
-            os.write(status_w, json.dumps(result).encode())
-        finally:
-            os._exit(0)
-
-
 def _status_fields(status: int, rusage) -> dict:
     fields = {"exit_code": None, "signal": None, "cpu_s": None, "max_rss_mb": None}
     if os.WIFSIGNALED(status):
@@ -341,7 +299,7 @@ def _enter_job_cgroup(job: dict):
     """Put the supervisor (and so the whole sandbox) in a fresh memory + pids cgroup.
 
     The cap covers the script's memory plus its tmpfs work dir and /dev/shm,
-    with slack for the supervisor and init, which are exempted from the OOM
+    with slack for the supervisor, which is exempted from the OOM
     killer so that an OOM kill always lands on the script's processes.
     Returns None (and the run says so) if the cgroup cannot be made.
     """
@@ -373,6 +331,51 @@ def _drain(fds: dict[int, _Tail], until: float) -> None:
                 del open_fds[fd]
 
 
+def _prepare_work_dir(job: dict, uid: int | None) -> str:
+    """The script's cwd: a size-capped tmpfs (namespaces) or a plain directory."""
+    work = os.path.join(job["workdir"], "work")
+    os.makedirs(work)
+    if job["isolation"] == "namespaces":
+        # Mounted in the supervisor's private mount namespace: the host never
+        # sees it and it vanishes with the supervisor.
+        owner = f",uid={uid},gid={uid}" if uid is not None else ""
+        size = job["limits"]["disk_mb"]
+        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=0700{owner}")
+    os.makedirs(os.path.join(work, "tmp"))
+    shutil.copyfile(os.path.join(job["workdir"], "script.py"), os.path.join(work, "script.py"))
+    if uid is not None:
+        for p in (work, os.path.join(work, "tmp"), os.path.join(work, "script.py")):
+            os.chown(p, uid, uid)
+    return work
+
+
+def _start_script(job: dict, uid: int | None, work: str, out_w: int, err_w: int, ready_w: int):
+    """Fork the script process and return its pid.
+
+    With namespaces the script is PID 1 of its own PID namespace, so its exit
+    (or our SIGKILL) takes every process it started with it. ``ready_w``
+    gets one byte once isolation is in place: without it, a failure is the
+    sandbox's (infrastructure), not the script's.
+    """
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setsid()
+        if job["isolation"] == "namespaces":
+            build_root(job)
+            env = _script_env(SANDBOX_DATA, SANDBOX_WORK)
+        else:
+            os.chdir(work)
+            env = _script_env(job["data_dir"], work)
+        os.write(ready_w, b"1")
+    except BaseException:
+        os.write(err_w, traceback.format_exc().encode())
+        os._exit(125)
+    _become_script(job, uid, env, out_w, err_w)
+
+
 def supervise(job: dict) -> dict:
     """Run one job under isolation; return raw outcome fields.
 
@@ -390,103 +393,66 @@ def supervise(job: dict) -> dict:
     isolation = job["isolation"]
     uid = int(job["uid"]) if os.geteuid() == 0 else None
     cgroup = _enter_job_cgroup(job) if job.get("cgroup") else None
-    workdir = job["workdir"]
+    if isolation == "namespaces":
+        unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+    work = _prepare_work_dir(job, uid)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    st_r, st_w = os.pipe()
+    ready_r, ready_w = os.pipe()
     tails = {out_r: _Tail(limits["output_tail_bytes"]), err_r: _Tail(limits["output_tail_bytes"])}
-    if isolation == "namespaces":
-        unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
-        pid = os.fork()
-        if pid == 0:
-            for fd in (out_r, err_r, st_r):
-                os.close(fd)
-            _init_main(job, uid, out_w, err_w, st_w)
-    else:
-        work = os.path.join(workdir, "work")
-        os.makedirs(os.path.join(work, "tmp"))
-        if uid is not None:
-            for p in (work, os.path.join(work, "tmp")):
-                os.chown(p, uid, uid)
-        shutil.copyfile(os.path.join(workdir, "script.py"), os.path.join(work, "script.py"))
-        pid = os.fork()
-        if pid == 0:
-            os.setsid()
-            os.chdir(work)
-            env = _script_env(job["data_dir"], work)
-            _become_script(job, uid, env, out_w, err_w)
-    for fd in (out_w, err_w, st_w):
+    pid = _start_script(job, uid, work, out_w, err_w, ready_w)
+    for fd in (out_w, err_w, ready_w):
         os.close(fd)
+    try:
+        exit_fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        exit_fd = None  # old kernel: poll instead
+    watched = [out_r, err_r, ready_r] + ([exit_fd] if exit_fd is not None else [])
     deadline = t0 + limits["time_limit_s"]
-    status_chunks: list[bytes] = []
-    watched = [out_r, err_r, st_r]
-    timed_out = False
-    rlimit_status = None
-    while True:
+    timed_out, setup_ok, fields = False, False, None
+    while fields is None:
         now = time.monotonic()
         if now >= deadline:
             timed_out = True
             break
-        timeout = min(deadline - now, 0.02 if isolation != "namespaces" else deadline - now)
-        ready, _, _ = select.select(watched, [], [], timeout)
-        finished = False
-        for fd in ready:
+        wait = deadline - now if exit_fd is not None else min(deadline - now, 0.005)
+        for fd in select.select(watched, [], [], wait)[0]:
+            if fd == exit_fd:
+                continue
             chunk = os.read(fd, 1 << 16)
-            if fd == st_r:
-                if chunk:
-                    status_chunks.append(chunk)
-                else:
-                    watched.remove(st_r)
-                    finished = isolation == "namespaces"
+            if fd == ready_r:
+                setup_ok = setup_ok or chunk == b"1"
             elif chunk:
                 tails[fd].add(chunk)
-            else:
+            if not chunk:
                 watched.remove(fd)
-        if isolation != "namespaces":
-            got, status, rusage = os.wait4(pid, os.WNOHANG)
-            if got == pid:
-                rlimit_status = _status_fields(status, rusage)
-                finished = True
-        if finished:
-            break
+        got, status, rusage = os.wait4(pid, os.WNOHANG)
+        if got == pid:
+            fields = _status_fields(status, rusage)
     runtime = time.monotonic() - t0
-    if isolation == "namespaces":
-        if timed_out:
-            os.kill(pid, signal.SIGKILL)
+    if fields is None:  # timed out; with namespaces, killing PID 1 kills them all
+        os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    else:
+    if isolation != "namespaces":
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
         if uid is not None:
             kill_uid(uid)
-        if timed_out:
-            os.waitpid(pid, 0)
     _drain(tails, time.monotonic() + 1.0)
-    for fd in (out_r, err_r, st_r):
+    for fd in [out_r, err_r, ready_r] + ([exit_fd] if exit_fd is not None else []):
         os.close(fd)
-    result = {
-        "exit_code": None,
-        "signal": None,
-        "cpu_s": None,
-        "max_rss_mb": None,
-        "submission": False,
-        "infra_error": None,
-    }
-    if isolation == "namespaces":
-        if status_chunks:
-            result.update(json.loads(b"".join(status_chunks)))
-        elif not timed_out:
-            result["infra_error"] = "sandbox init exited without a status"
-    else:
-        if rlimit_status:
-            result.update(rlimit_status)
-        out_fd = os.open(os.path.join(workdir, "out"), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            result["submission"] = _copy_submission(
-                os.path.join(workdir, "work", "submission.csv"), out_fd, limits["fsize_mb"] * 2**20
-            )
-        finally:
-            os.close(out_fd)
+    result = {"exit_code": None, "signal": None, "cpu_s": None, "max_rss_mb": None}
+    result.update(fields or {})
+    result["infra_error"] = None
+    if not setup_ok and not timed_out:
+        result["infra_error"] = "sandbox setup failed: " + tails[err_r].text()[-1000:]
+    out_fd = os.open(os.path.join(job["workdir"], "out"), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        sub = os.path.join(work, "submission.csv")
+        result["submission"] = _copy_submission(sub, out_fd, limits["fsize_mb"] * 2**20)
+    finally:
+        os.close(out_fd)
     if cgroup is not None:
         result["oom_killed"] = cgroup.oom_killed()
         cgroup.leave_and_remove()
