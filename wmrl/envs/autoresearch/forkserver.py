@@ -51,7 +51,25 @@ PREIMPORT = (
 
 
 def _run_supervisor(job: dict) -> None:
+    """Body of the forked supervisor: run the job, publish result.json, report early.
+
+    The "done" line goes straight to the pool as soon as the result is on
+    disk (a write under PIPE_BUF is atomic among the template's writers), so
+    the pool does not wait for the cgroup teardown and this process's exit.
+    """
     from wmrl.envs.autoresearch import sandbox
+
+    reported = False
+    report_fd = os.dup(1)
+
+    def publish(result: dict) -> None:
+        nonlocal reported
+        tmp = os.path.join(job["workdir"], "result.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.rename(tmp, os.path.join(job["workdir"], "result.json"))
+        os.write(report_fd, (json.dumps({"id": job["id"], "exit": 0}) + "\n").encode())
+        reported = True
 
     try:
         sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -60,19 +78,18 @@ def _run_supervisor(job: dict) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
-        result = sandbox.supervise(job)
+        sandbox.supervise(job, report=publish)
     except BaseException:
-        result = {"infra_error": "supervisor: " + traceback.format_exc(limit=5)}
-    tmp = os.path.join(job["workdir"], "result.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-    os.rename(tmp, os.path.join(job["workdir"], "result.json"))
+        if not reported:
+            publish({"infra_error": "supervisor: " + traceback.format_exc(limit=5)})
 
 
 def main() -> None:
     from wmrl.envs.autoresearch import sandbox
 
-    sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+    # No PR_SET_PDEATHSIG here: it fires when the *thread* that started us
+    # exits (the pool may restart us from a worker thread). The pool's death
+    # closes our stdin instead; we then finish the running jobs and exit.
     if "--no-preimport" not in sys.argv:
         for name in PREIMPORT:
             try:

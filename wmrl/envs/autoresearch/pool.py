@@ -183,6 +183,7 @@ class SandboxPool:
         if self.num_workers > sandbox.UID_BLOCK:
             raise ValueError(f"at most {sandbox.UID_BLOCK} workers per pool")
         self.uid_base = sandbox.allocate_uid_block()
+        self._stale_cgroups: list[str] = []
         self._slots: queue.Queue[int] = queue.Queue()
         for i in range(self.num_workers):
             self._slots.put(i)
@@ -220,7 +221,9 @@ class SandboxPool:
     def close(self) -> None:
         if hasattr(self, "_executor"):
             self._executor.shutdown(wait=True)
-        self._template.close()
+        self._template.close()  # waits for every supervisor to exit
+        for name in getattr(self, "_stale_cgroups", []):
+            cgroups.remove_stale(name)
         shutil.rmtree(self._workroot, ignore_errors=True)
 
     def __enter__(self) -> SandboxPool:
@@ -287,6 +290,7 @@ class SandboxPool:
         limits = self._limits(task)
         slot = self._slots.get()
         workdir = job = None
+        reported = False
         try:
             workdir = Path(tempfile.mkdtemp(prefix=f"{task.id[:40]}-", dir=self._workroot))
             os.chmod(workdir, 0o755)
@@ -315,12 +319,16 @@ class SandboxPool:
             raw = json.loads((workdir / "result.json").read_text())
             if raw.get("infra_error"):
                 raise InfrastructureError(raw["infra_error"])
+            reported = True
             return self._grade(task, limits, raw, workdir / "out" / "submission.csv")
         finally:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
-            if self._cgroup and job is not None:
-                cgroups.remove_stale(f"wmrl-{job['id']}")
+            if self._cgroup and job is not None and not reported:
+                # The supervisor removes its own cgroup unless it was killed; a
+                # killed one may still be dying, so close() sweeps these again.
+                self._stale_cgroups.append(f"wmrl-{job['id']}")
+                cgroups.remove_stale(self._stale_cgroups[-1], timeout=0.5)
             self._slots.put(slot)
 
     def _grade(self, task: Task, limits: Limits, raw: dict, sub_path: Path) -> ExecutionResult:

@@ -376,7 +376,7 @@ def _start_script(job: dict, uid: int | None, work: str, out_w: int, err_w: int,
     _become_script(job, uid, env, out_w, err_w)
 
 
-def supervise(job: dict) -> dict:
+def supervise(job: dict, report=None) -> dict:
     """Run one job under isolation; return raw outcome fields.
 
     ``job``: id, workdir (holding script.py and empty out/ and root/),
@@ -386,7 +386,8 @@ def supervise(job: dict) -> dict:
 
     Must run in a process that may fork and that owns no threads (a fork of
     the template). The script's status is *not* decided here; the grader
-    turns these fields into a ``Status``.
+    turns these fields into a ``Status``. ``report``, if given, is called
+    with the result before the (slower) cgroup teardown.
     """
     t0 = time.monotonic()
     limits = job["limits"]
@@ -455,7 +456,6 @@ def supervise(job: dict) -> dict:
         os.close(out_fd)
     if cgroup is not None:
         result["oom_killed"] = cgroup.oom_killed()
-        cgroup.leave_and_remove()
     result.update(
         timed_out=timed_out,
         runtime_s=runtime,
@@ -465,4 +465,8 @@ def supervise(job: dict) -> dict:
         stderr_bytes=tails[err_r].total,
         isolation=isolation + ("+cgroup" if cgroup is not None else ""),
     )
+    if report is not None:
+        report(result)
+    if cgroup is not None:
+        cgroup.leave_and_remove()
     return result
