@@ -450,3 +450,13 @@ def test_fresh_interpreter_mode_gives_the_same_results(task):
         r = p.run(task, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\n")
         assert r.status == Status.RUNTIME_ERROR
     assert wait_no_sandbox_pids() == []
+
+
+def test_sandbox_setup_failure_is_ungraded_not_the_scripts_fault(pool, tmp_path):
+    broken = make_tiny_task(tmp_path / "broken")
+    for f in broken.public_dir.iterdir():
+        f.unlink()
+    broken.public_dir.rmdir()  # the data to mount is gone: the sandbox cannot be built
+    r = pool.run(broken, GOOD_SCRIPT)
+    assert r.status == Status.UNGRADED and r.attempts == 2
+    assert "setup" in r.detail or "No such file" in r.detail

@@ -49,6 +49,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -176,15 +177,23 @@ def _script_env(data_dir: str, work_dir: str) -> dict[str, str]:
     }
 
 
-def _become_script(job: dict, uid: int | None, env: dict, out_w: int, err_w: int) -> None:
-    """In the script's own process: drop privileges and limits, then run it. Never returns."""
-    code = 1
+def _become_script(
+    job: dict, uid: int | None, env: dict, out_w: int, err_w: int, ready_w: int
+) -> None:
+    """In the script's own process: drop privileges and limits, then run it. Never returns.
+
+    One byte on ``ready_w`` marks the moment every isolation step is done:
+    a failure before it is the sandbox's (exit 125, infrastructure), after it
+    the script's.
+    """
+    code = 125
     try:
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        os.closerange(3, 65536)
+        os.closerange(3, ready_w)
+        os.closerange(ready_w + 1, 65536)
         # What a fresh interpreter would have (the template changed SIGCHLD).
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -210,6 +219,9 @@ def _become_script(job: dict, uid: int | None, env: dict, out_w: int, err_w: int
             (resource.RLIMIT_CORE, (0, 0)),
         ):
             resource.setrlimit(res, val)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        code = 1
         script = os.path.join(os.getcwd(), "script.py")
         if not job["prefork"]:
             os.execve(sys.executable, [sys.executable, "-B", script], env)
@@ -253,7 +265,7 @@ def _copy_submission(src_path: str, out_dir_fd: int, cap: int) -> bool:
     except OSError:
         return False
     try:
-        if not os.path.stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             return False
         data = os.read(fd, cap + 1)
         chunks = [data]
@@ -369,11 +381,10 @@ def _start_script(job: dict, uid: int | None, work: str, out_w: int, err_w: int,
         else:
             os.chdir(work)
             env = _script_env(job["data_dir"], work)
-        os.write(ready_w, b"1")
     except BaseException:
         os.write(err_w, traceback.format_exc().encode())
         os._exit(125)
-    _become_script(job, uid, env, out_w, err_w)
+    _become_script(job, uid, env, out_w, err_w, ready_w)
 
 
 def supervise(job: dict, report=None) -> dict:
