@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
     except Exception as e:  # any parse failure is the agent's fault
         return _invalid(f"submission is not a readable CSV: {type(e).__name__}: {e}")
     sub.columns = [str(c).strip() for c in sub.columns]
-    labels = pd.read_csv(task.labels_path, dtype=str, keep_default_na=False)
+    labels = _read_str_csv(task.labels_path, None)
     for col in (task.id_column, task.target):
         if col not in sub.columns:
             return _invalid(f"submission lacks column {col!r} (has {list(sub.columns)[:10]})")
@@ -150,7 +151,19 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
 
 
 def _train_classes(task: Task) -> set[str]:
-    col = pd.read_csv(
-        task.public_dir / "train.csv", usecols=[task.target], dtype=str, keep_default_na=False
-    )[task.target]
+    col = _read_str_csv(task.public_dir / "train.csv", task.target)[task.target]
     return {_canonical_label(v) for v in col.unique()}
+
+
+def _read_str_csv(path: Path, column: str | None) -> pd.DataFrame:
+    """Task files read as strings, cached by (path, mtime): the pool grades every
+    execution of a task against the same labels."""
+    st = path.stat()
+    return _cached_csv(str(path), st.st_mtime_ns, st.st_size, column).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_csv(path: str, mtime_ns: int, size: int, column: str | None) -> pd.DataFrame:
+    del mtime_ns, size  # cache key only
+    usecols = None if column is None else [column]
+    return pd.read_csv(path, usecols=usecols, dtype=str, keep_default_na=False)
