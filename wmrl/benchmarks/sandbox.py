@@ -41,7 +41,7 @@ pd.DataFrame({"id": te["id"], "target": m.predict(te.drop(columns=["id"]))}).to_
 
 
 def _task(root: Path):
-    import numpy as np
+    """A 2000 x 20 generated classification task (no leaderboard: not needed here)."""
     import pandas as pd
     from sklearn.datasets import make_classification
 
@@ -50,7 +50,6 @@ def _task(root: Path):
 
     X, y = make_classification(n_samples=2000, n_features=20, random_state=0)
     df = pd.DataFrame(X, columns=[f"f{i}" for i in range(20)]).assign(target=y)
-    del np
     return load_task(
         write_task(
             df, root / "bench", task_id="bench", target="target", metric="accuracy", time_limit_s=60
