@@ -33,7 +33,10 @@ PENGUINS = {
     "source": "palmerpenguins (Gorman, Williams & Fraser 2014; Palmer Station LTER)",
     "licence": "CC0 data / MIT package",
 }
-VEGA = {"source": "vega_datasets local data", "licence": "BSD-3-Clause package; public data"}
+VEGA = {
+    "source": "vega_datasets local data (cars: StatLib; seattle-weather: NOAA)",
+    "licence": "MIT package (per its metadata); public data",
+}
 
 
 @dataclasses.dataclass(frozen=True)
