@@ -43,7 +43,11 @@ def task(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     with SandboxPool(
-        num_workers=2, workroot=str(tmp_path_factory.mktemp("work")), disk_mb=32, fsize_mb=16
+        num_workers=2,
+        workroot=str(tmp_path_factory.mktemp("work")),
+        disk_mb=64,
+        fsize_mb=48,
+        submission_mb=16,
     ) as p:
         yield p
 
@@ -364,6 +368,16 @@ def test_wrong_shape_submission_and_exit_codes(pool, task):
     )
     assert r.status == Status.INVALID_SUBMISSION
     assert "rows" in r.detail
+    r = run(
+        pool,
+        task,
+        """
+        import os
+        with open(os.environ["SUBMISSION_PATH"], "w") as f:
+            f.write("id,label\\n" + "0,yes\\n" * 4_000_000)  # ~28 MB: over the 16 MB cap
+    """,
+    )
+    assert r.status == Status.INVALID_SUBMISSION and "larger than" in r.detail
     r = run(pool, task, "import sys\nsys.exit(3)\n")
     assert r.status == Status.RUNTIME_ERROR
     r = run(pool, task, "import sys\nsys.exit(0)\n")

@@ -345,8 +345,12 @@ class SandboxPool:
             status, score, pct = Status.RUNTIME_ERROR, None, None
             detail = f"signal {sig}" if sig is not None else f"exit code {raw['exit_code']}"
         else:
-            grade = grade_submission(task, sub_path) if raw.get("submission") else None
-            if grade is None:
+            sub = raw.get("submission")
+            grade = grade_submission(task, sub_path) if sub == "ok" else None
+            if sub == "too_large":
+                status, score, pct = Status.INVALID_SUBMISSION, None, None
+                detail = f"submission larger than {limits.submission_mb} MB"
+            elif grade is None:
                 status, score, pct, detail = Status.NO_SUBMISSION, None, None, "no submission"
             else:
                 status, score, pct, detail = (

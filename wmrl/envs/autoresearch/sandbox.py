@@ -96,6 +96,7 @@ class Limits:
     nofile: int = 256
     fsize_mb: int = 256
     disk_mb: int = 256
+    submission_mb: int = 32
     output_tail_bytes: int = 4096
 
     def to_json(self) -> dict:
@@ -258,27 +259,38 @@ def _print_script_traceback(exc: BaseException, script: str) -> None:
     traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
 
 
-def _copy_submission(src_path: str, out_dir_fd: int, cap: int) -> bool:
-    """Copy a regular, non-symlink submission file out of the sandbox (size-capped)."""
+def _copy_submission(src_path: str, out_dir_fd: int, cap: int) -> str:
+    """Copy a regular, non-symlink submission file out of the sandbox.
+
+    Returns "ok", "missing" (no file, a symlink, or not a regular file) or
+    "too_large" (over ``cap`` bytes: the grader would otherwise parse a huge
+    CSV in the trainer's process).
+    """
     try:
         fd = os.open(src_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return False
+        return "missing"
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        data = os.read(fd, cap + 1)
-        chunks = [data]
-        while data and sum(map(len, chunks)) <= cap:
-            data = os.read(fd, 1 << 20)
-            chunks.append(data)
-        blob = b"".join(chunks)[:cap]
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "missing"
+        if info.st_size > cap:
+            return "too_large"
+        chunks, total = [], 0
+        while total <= cap:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > cap:
+            return "too_large"
     finally:
         os.close(fd)
     out = os.open("submission.csv", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=out_dir_fd)
     with os.fdopen(out, "wb") as f:
-        f.write(blob)
-    return True
+        f.write(b"".join(chunks))
+    return "ok"
 
 
 def _status_fields(status: int, rusage) -> dict:
@@ -462,7 +474,7 @@ def supervise(job: dict, report=None) -> dict:
     out_fd = os.open(os.path.join(job["workdir"], "out"), os.O_RDONLY | os.O_DIRECTORY)
     try:
         sub = os.path.join(work, "submission.csv")
-        result["submission"] = _copy_submission(sub, out_fd, limits["fsize_mb"] * 2**20)
+        result["submission"] = _copy_submission(sub, out_fd, limits["submission_mb"] * 2**20)
     finally:
         os.close(out_fd)
     if cgroup is not None:
