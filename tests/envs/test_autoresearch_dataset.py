@@ -66,6 +66,8 @@ def test_execute_resume_build_and_pipeline(suite, tmp_path):
     ex = src[0]
     assert ex["task_id"] == b"tiny-train"
     assert b"SUBMISSION_PATH" in ex["script"]
+    errs = [src[i] for i in range(3) if src[i]["status"] == int(Status.RUNTIME_ERROR)]
+    assert all(e["stderr_tail"] for e in errs)
 
     ds = dataset.make_pipeline(
         tmp_path / "tfds",

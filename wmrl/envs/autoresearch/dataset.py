@@ -95,6 +95,7 @@ def execute_corpus(
                 "percentile": r.percentile,
                 "reward": None if math.isnan(r.reward) else r.reward,
                 "runtime_s": r.runtime_s,
+                "stderr_tail": r.stderr_tail[-1000:],
                 "model": spec.model,
                 "mistake": spec.mistake or "",
             }
@@ -144,6 +145,7 @@ class AutoresearchTrajectories(tfds.core.GeneratorBasedBuilder):
                     "percentile": np.float32,  # NaN likewise
                     "reward": np.float32,  # NaN for UNGRADED (masked)
                     "runtime_s": np.float32,
+                    "stderr_tail": text,  # last 1000 chars: what a multi-turn agent would see
                     "model": text,
                     "mistake": text,  # "" for none
                 }
@@ -180,6 +182,7 @@ class AutoresearchTrajectories(tfds.core.GeneratorBasedBuilder):
                         "percentile": _nan_if_none(rec["percentile"]),
                         "reward": _nan_if_none(rec["reward"]),
                         "runtime_s": rec["runtime_s"],
+                        "stderr_tail": rec.get("stderr_tail", ""),
                         "model": rec["model"],
                         "mistake": rec["mistake"],
                     },
