@@ -1,0 +1,230 @@
+"""Decoder-only transformer in Flax NNX: RMSNorm, RoPE, GQA, SwiGLU, optional QK-norm.
+
+Sized entirely by `TransformerConfig`. Every parameter carries logical axis
+names (see `wmrl.models.sharding`) and the main activations are constrained by
+logical names, so one rules table decides how the model is laid out on a mesh.
+
+Conventions (B batch, T query length, S key length, D d_model, H query heads,
+K kv heads, G = H // K, Dh head_dim, F mlp_dim, V vocab):
+
+* `mask` is the `[B, T, S]` boolean attention mask (True = may attend).
+* Positions come from the padding mask (`positions_from_mask`), so a
+  left-padded prompt gets the same rotary positions as the unpadded one.
+* The KV cache is an explicit pytree (a tuple of per-layer `(k, v)` pairs of
+  shape `[B, S, K, Dh]`) passed in and returned, never hidden module state, so
+  the sampler can donate it to a jitted loop.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from wmrl.models.config import TransformerConfig
+from wmrl.models.sharding import constrain
+
+KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+_NEG_INF = -1e30  # finite, so a fully masked row (left padding) gives a uniform softmax, not NaN
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, stddev: float) -> nnx.Param:
+    init = jax.nn.initializers.normal(stddev)
+    return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm over the last axis, computed in float32."""
+
+    def __init__(self, dim: int, *, eps: float, param_dtype, axis: str = "norm"):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=(axis,))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale.get_value().astype(jnp.float32)).astype(x.dtype)
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """`[B, T]` token positions counting only real tokens; padding gets position 0."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def causal_padding_mask(mask: jax.Array) -> jax.Array:
+    """`[B, T] -> [B, T, T]`: query t may attend key s iff s <= t and s is a real token."""
+    T = mask.shape[-1]
+    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+    return causal[None] & mask.astype(bool)[:, None, :]
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding on `x: [B, T, N, Dh]` at integer `positions: [B, T]`."""
+    half = x.shape[-1] // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])
+    angles = positions.astype(jnp.float32)[..., None] * freq  # [B, T, half]
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention; einsum weights named by their dims (`q_dnh` = [D, H, Dh])."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        D, H, K, Dh = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        pd = cfg.storage_dtype
+        self.q_dnh = _param(rngs, (D, H, Dh), ("embed", "heads", "head_dim"), pd, D**-0.5)
+        self.k_dkh = _param(rngs, (D, K, Dh), ("embed", "kv_heads", "head_dim"), pd, D**-0.5)
+        self.v_dkh = _param(rngs, (D, K, Dh), ("embed", "kv_heads", "head_dim"), pd, D**-0.5)
+        self.o_nhd = _param(rngs, (H, Dh, D), ("heads", "head_dim", "embed"), pd, (H * Dh) ** -0.5)
+        self.q_norm = RMSNorm(Dh, eps=cfg.norm_eps, param_dtype=pd) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(Dh, eps=cfg.norm_eps, param_dtype=pd) if cfg.qk_norm else None
+        self.cfg = cfg
+
+    def __call__(self, x, positions, mask, cache=None, cache_index=0):
+        """`x: [B, T, D]`, `mask: [B, T, S]`; with `cache` ([B, S, K, Dh] pair) writes
+        this chunk's keys/values at `cache_index` and attends over the whole cache."""
+        cfg = self.cfg
+        dt = cfg.compute_dtype
+        B, T, _ = x.shape
+        K, Dh = cfg.num_kv_heads, cfg.head_dim
+        G = cfg.num_heads // K
+        q = jnp.einsum("btd,dnh->btnh", x, self.q_dnh.get_value().astype(dt))
+        k = jnp.einsum("btd,dkh->btkh", x, self.k_dkh.get_value().astype(dt))
+        v = jnp.einsum("btd,dkh->btkh", x, self.v_dkh.get_value().astype(dt))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions, cfg.rope_theta)
+        k = apply_rope(k, positions, cfg.rope_theta)
+        q = constrain(q, ("batch", "length", "heads", "head_dim"))
+        new_cache = None
+        if cache is not None:
+            ck, cv = cache
+            idx = (0, cache_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), idx)
+            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), idx)
+            new_cache = (k, v)
+            k, v = k.astype(dt), v.astype(dt)
+        k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
+        q = q.reshape(B, T, K, G, Dh)
+        scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores * Dh**-0.5
+        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, K * G, Dh)
+        out = constrain(out, ("batch", "length", "heads", "head_dim"))
+        y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd.get_value().astype(dt))
+        return y, new_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: `down(silu(x @ gate) * (x @ up))`."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        D, F, pd = cfg.d_model, cfg.mlp_dim, cfg.storage_dtype
+        self.gate_df = _param(rngs, (D, F), ("embed", "mlp"), pd, D**-0.5)
+        self.up_df = _param(rngs, (D, F), ("embed", "mlp"), pd, D**-0.5)
+        self.down_fd = _param(rngs, (F, D), ("mlp", "embed"), pd, F**-0.5)
+        self.dtype = cfg.compute_dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = self.dtype
+        gate = x @ self.gate_df.get_value().astype(dt)
+        up = x @ self.up_df.get_value().astype(dt)
+        h = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+        return h @ self.down_fd.get_value().astype(dt)
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: attention then SwiGLU MLP."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        pd = cfg.storage_dtype
+        self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pd)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pd)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, positions, mask, cache=None, cache_index=0):
+        h, new_cache = self.attn(self.attn_norm(x), positions, mask, cache, cache_index)
+        x = x + h
+        x = x + self.mlp(self.mlp_norm(x))
+        return constrain(x, ("batch", "length", "embed")), new_cache
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM. `hidden` gives the final normed states (the WM reads these),
+    `__call__` gives float32 logits."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        D, V, pd = cfg.d_model, cfg.vocab_size, cfg.storage_dtype
+        self.embed_vd = _param(rngs, (V, D), ("vocab", "embed"), pd, D**-0.5)
+        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(D, eps=cfg.norm_eps, param_dtype=pd)
+        self.unembed_dv = (
+            None if cfg.tie_embeddings else _param(rngs, (D, V), ("embed", "vocab"), pd, D**-0.5)
+        )
+
+    def hidden(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: KVCache | None = None,
+        cache_index: int | jax.Array = 0,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """`tokens, positions: [B, T]`, `mask: [B, T, S]` -> (`[B, T, D]`, updated cache)."""
+        x = jnp.take(self.embed_vd.get_value(), tokens, axis=0).astype(self.cfg.compute_dtype)
+        x = constrain(x, ("batch", "length", "embed"))
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, layer_cache = layer(
+                x, positions, mask, None if cache is None else cache[i], cache_index
+            )
+            new_cache.append(layer_cache)
+        return self.final_norm(x), (None if cache is None else tuple(new_cache))
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """`[B, T, D] -> [B, T, V]` float32 logits."""
+        dt = self.cfg.compute_dtype
+        if self.unembed_dv is None:
+            out = jnp.einsum(
+                "btd,vd->btv",
+                h,
+                self.embed_vd.get_value().astype(dt),
+                preferred_element_type=jnp.float32,
+            )
+        else:
+            out = jnp.einsum(
+                "btd,dv->btv",
+                h,
+                self.unembed_dv.get_value().astype(dt),
+                preferred_element_type=jnp.float32,
+            )
+        return constrain(out, ("batch", "length", "vocab"))
+
+    def __call__(self, tokens, positions, mask, cache=None, cache_index=0):
+        h, new_cache = self.hidden(tokens, positions, mask, cache, cache_index)
+        return self.logits(h), new_cache
+
+
+def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=None) -> KVCache:
+    """Zeroed KV cache: per layer a `(k, v)` pair of `[batch, length, K, Dh]`."""
+    dtype = cfg.compute_dtype if dtype is None else dtype
+    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers))
+
+
+def token_logprobs(model: Transformer, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    """Training-side log-probs: `[B, T]` with `out[:, t] = log p(tokens[t] | tokens[<t])`.
+
+    `mask: [B, T]` marks real (non-pad) tokens; `out[:, 0] = 0` (no prefix). This
+    is the reference the sampler's log-probs are tested against.
+    """
+    logits, _ = model(tokens, positions_from_mask(mask), causal_padding_mask(mask))
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0))) * mask.astype(picked.dtype)
