@@ -84,7 +84,8 @@ def test_forward_matches_numpy_reference():
     tokens = np.array([3, 7, 1, 30, 12, 5, 9])
     ref = numpy_forward(_np_params(model), CFG, tokens)
     mask = jnp.ones((1, len(tokens)), bool)
-    logits, _ = model(jnp.asarray(tokens)[None], positions_from_mask(mask), causal_padding_mask(mask))
+    pos, attn = positions_from_mask(mask), causal_padding_mask(mask)
+    logits, _ = model(jnp.asarray(tokens)[None], pos, attn)
     np.testing.assert_allclose(np.asarray(logits[0]), ref, rtol=2e-4, atol=2e-4)
 
 
@@ -127,7 +128,8 @@ def test_param_count_and_logical_axes():
     assert axes["layers"][0]["attn"]["q_dnh"] == ("embed", "heads", "head_dim")
     assert axes["layers"][1]["mlp"]["down_fd"] == ("mlp", "embed")
     assert logical_to_spec(axes["embed_vd"]) == jax.sharding.PartitionSpec("tensor", "fsdp")
-    assert logical_to_spec(("batch", "length")) == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+    batch_spec = jax.sharding.PartitionSpec(("data", "fsdp"), None)
+    assert logical_to_spec(("batch", "length")) == batch_spec
 
 
 def test_named_sizes_have_advertised_scale():
@@ -152,5 +154,5 @@ def test_bad_config_raises(fields, message):
 
 
 def test_unknown_config_field_raises():
-    with pytest.raises(ValueError, match="unknown fields.*num_head"):
+    with pytest.raises(ValueError, match=r"unknown fields.*num_head"):
         from_mapping(dict(vocab_size=8, d_model=8, num_layers=1, num_head=2, num_kv_heads=1))

@@ -136,7 +136,12 @@ def prefill(graphdef, params, prompts, prompt_mask, *, max_new_tokens: int, num_
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sc", "prompt_len"), donate_argnums=(2,))
 def decode(graphdef, params, cache, key_mask, next_logits, next_position, rng, *, sc, prompt_len):
-    """While-loop decode over the donated cache; see `SampleOutput` for the result."""
+    """While-loop decode over the donated cache.
+
+    Returns (`SampleOutput`, final cache). The cache is returned so its donated
+    input buffer aliases the output: the loop then updates it in place instead
+    of copying it once per call.
+    """
     model: Transformer = nnx.merge(graphdef, params)
     R = next_logits.shape[0]
     N = sc.max_new_tokens
@@ -170,7 +175,7 @@ def decode(graphdef, params, cache, key_mask, next_logits, next_position, rng, *
         jnp.zeros((R, N), jnp.float32), rng,
     )  # fmt: skip
     final = jax.lax.while_loop(cond, body, init)
-    return SampleOutput(final.tokens, final.mask, final.logprobs)
+    return SampleOutput(final.tokens, final.mask, final.logprobs), final.cache
 
 
 def sample(
@@ -191,9 +196,10 @@ def sample(
         graphdef, params, prompts, prompt_mask,
         max_new_tokens=sc.max_new_tokens, num_samples=sc.num_samples,
     )  # fmt: skip
-    return decode(
+    out, _ = decode(
         graphdef, params, cache, key_mask, logits, position, rng, sc=sc, prompt_len=prompts.shape[1]
     )
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
