@@ -1,0 +1,182 @@
+"""Online Debiasing: isotonic fit vs a brute-force PAV, monotonicity, keyed offsets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from wmrl.core import debias, grpo
+
+
+def pav_reference(y, w):
+    """Classic stack-based pool-adjacent-violators, written independently in numpy."""
+    blocks = []  # [value, weight, length]
+    for yi, wi in zip(y, w, strict=True):
+        blocks.append([yi, wi, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([[v] * n for v, _, n in blocks])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_isotonic_equals_bruteforce_pav(seed):
+    rng = np.random.default_rng(seed)
+    n = rng.integers(2, 16)
+    y = rng.normal(size=n) + 0.2 * np.arange(n)
+    w = rng.uniform(0.1, 5.0, size=n)
+    got = np.asarray(debias.weighted_isotonic(jnp.asarray(y), jnp.asarray(w)))
+    np.testing.assert_allclose(got, pav_reference(y, w), rtol=1e-4, atol=1e-5)
+    assert np.all(np.diff(got) >= -1e-6)
+
+
+def test_binned_fit_matches_numpy_bins_then_pav():
+    cfg = debias.DebiasConfig(num_bins=10, min_pairs=0)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=400)
+    y = np.clip(np.sqrt(x) + 0.3 * rng.normal(size=400), 0, 1)
+    x[x > 0.7] = x[x > 0.7] * 0.0 + 0.65  # empty bins 7..9
+    vals, filled = debias.fit_monotone_map(jnp.asarray(x), jnp.asarray(y), jnp.ones(400), cfg)
+    idx = np.minimum((x * 10).astype(int), 9)
+    counts = np.bincount(idx, minlength=10)
+    means = np.bincount(idx, weights=y, minlength=10) / np.maximum(counts, 1)
+    keep = counts > 0
+    np.testing.assert_array_equal(np.asarray(filled), keep)
+    np.testing.assert_allclose(
+        np.asarray(vals)[keep], pav_reference(means[keep], counts[keep]), rtol=1e-4, atol=1e-5
+    )
+    # interpolation between filled centres, constant beyond the last filled bin
+    q = np.array([0.05, 0.1, 0.95])
+    out = np.asarray(debias.apply_monotone_map(jnp.asarray(q), vals, filled, cfg))
+    v = np.asarray(vals)
+    np.testing.assert_allclose(out[0], v[0], rtol=1e-5)
+    np.testing.assert_allclose(out[1], 0.5 * (v[0] + v[1]), rtol=1e-5)
+    np.testing.assert_allclose(out[2], v[6], rtol=1e-5)
+
+
+def test_monotone_map_never_reorders_a_group():
+    cfg = debias.DebiasConfig(min_pairs=50, refit_every=10, capacity=500)
+    rng = np.random.default_rng(4)
+    st = debias.init_monotone_map(cfg)
+    x = rng.uniform(size=300)
+    y = np.clip(x**3 + 0.2 * rng.normal(size=300), 0, 1)
+    st = debias.update_monotone_map(st, jnp.asarray(x), jnp.asarray(y), jnp.ones(300, bool), cfg)
+    assert bool(st.fitted)
+    for _ in range(20):
+        g = rng.uniform(-0.2, 1.2, size=8)
+        out = np.asarray(
+            debias.apply_monotone_map(jnp.asarray(g), st.bin_values, st.bin_filled, cfg)
+        )
+        order = np.argsort(g)
+        assert np.all(np.diff(out[order]) >= -1e-6)
+
+
+def test_identity_until_min_pairs_then_refit_every_k():
+    cfg = debias.DebiasConfig(mode="monotone", min_pairs=20, refit_every=8, capacity=30)
+    st = debias.init_debias_state(cfg)
+    x = jnp.linspace(0.05, 0.95, 10)
+    upd = jax.jit(lambda s, a, b: debias.update_debias(s, a, b, None, jnp.ones(10, bool), cfg))
+    st = upd(st, x, x**2)
+    np.testing.assert_allclose(debias.apply_debias(st, x, None, cfg), x)  # 10 < 20: identity
+    st = upd(st, x, x**2)
+    assert bool(st.monotone.fitted) and int(st.monotone.since_fit) == 0
+    fitted_vals = np.asarray(st.monotone.bin_values)
+    np.testing.assert_allclose(debias.apply_debias(st, x, None, cfg), x**2, atol=0.02)
+    # FIFO cap: 30 pairs max; new pairs with a different target replace the oldest
+    st = upd(st, x, 1 - x)
+    assert int(st.monotone.size) == 30 and int(st.monotone.since_fit) == 0
+    assert not np.allclose(st.monotone.bin_values, fitted_vals)
+
+
+def test_keyed_offsets_recover_per_key_bias_within_4_standard_errors():
+    K, n = 4, 1600
+    bias = np.array([0.3, -0.2, 0.0, 0.5])
+    true_mean = np.array([1.0, 0.5, 0.2, -0.3])
+    noise = 0.4
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, K, size=n)
+    r_env = true_mean[keys] + noise * rng.normal(size=n)
+    r_wm = r_env + bias[keys] + noise * rng.normal(size=n)
+    for rule in ("window", "ema"):
+        cfg = debias.DebiasConfig(
+            mode="keyed", num_keys=K, offset_rule=rule, window=2000, half_life=5000, min_count=5
+        )
+        st = debias.update_debias(
+            debias.init_debias_state(cfg),
+            jnp.asarray(r_wm),
+            jnp.asarray(r_env),
+            jnp.asarray(keys),
+            jnp.ones(n, bool),
+            cfg,
+        )
+        # fresh WM samples: raw mean off by the bias, debiased mean within 4 s.e. of the truth
+        m = 2000
+        fresh_keys = np.repeat(np.arange(K), m)
+        fresh = true_mean[fresh_keys] + bias[fresh_keys] + noise * rng.normal(size=K * m)
+        out = np.asarray(debias.apply_debias(st, jnp.asarray(fresh), jnp.asarray(fresh_keys), cfg))
+        counts = np.bincount(keys, minlength=K)
+        for k in range(K):
+            se = np.sqrt(2 * noise**2 / counts[k] + noise**2 / m)
+            raw_mean = fresh[fresh_keys == k].mean()
+            deb_mean = out[fresh_keys == k].mean()
+            assert abs(deb_mean - true_mean[k]) < 4 * se, (rule, k)
+            if bias[k] != 0:
+                assert abs(raw_mean - true_mean[k]) > 4 * se
+
+
+def test_keyed_offsets_wait_for_min_count_and_ignore_invalid():
+    cfg = debias.DebiasConfig(mode="keyed", num_keys=2, min_count=3)
+    st = debias.init_debias_state(cfg)
+    st = debias.update_debias(
+        st,
+        jnp.array([1.0, 1.0, 9.0]),
+        jnp.zeros(3),
+        jnp.array([0, 0, 0]),
+        jnp.array([True, True, False]),
+        cfg,
+    )
+    out = debias.apply_debias(st, jnp.array([1.0, 1.0]), jnp.array([0, 1]), cfg)
+    np.testing.assert_allclose(out, [1.0, 1.0])  # only 2 valid pairs for key 0
+    st = debias.update_debias(
+        st, jnp.array([1.0]), jnp.zeros(1), jnp.array([0]), jnp.array([True]), cfg
+    )
+    out = debias.apply_debias(st, jnp.array([1.0, 1.0]), jnp.array([0, 1]), cfg)
+    np.testing.assert_allclose(out, [0.0, 1.0])
+
+
+def test_window_rule_forgets_old_pairs():
+    cfg = debias.DebiasConfig(mode="keyed", num_keys=1, window=4, min_count=1)
+    st = debias.init_debias_state(cfg)
+    resid = jnp.array([10.0, 10, 10, 10, 1, 2, 3, 4])
+    st = debias.update_debias(st, resid, jnp.zeros(8), jnp.zeros(8, int), jnp.ones(8, bool), cfg)
+    np.testing.assert_allclose(debias.apply_debias(st, jnp.zeros(1), jnp.zeros(1, int), cfg), -2.5)
+
+
+def test_diagnostic_and_constant_offsets_cancel_in_groups():
+    real = jnp.array([0.1, 0.5, 0.9, 0.2])
+    raw = real + jnp.array([0.3, 0.3, -0.1, -0.1])  # group-constant offsets only
+    d = debias.bias_diagnostic(raw, real, real, 2)
+    assert float(d["residual_before"]) == pytest.approx(0.0, abs=1e-7)
+    raw2 = real + jnp.array([0.2, 0.0, 0.0, 0.0])
+    d = debias.bias_diagnostic(raw2, real, real, 2)
+    np.testing.assert_allclose(d["residual_before"], 0.01 / 2, rtol=1e-5)
+    np.testing.assert_allclose(d["bias_reduction"], 1.0)
+    # a key = task offset is a no-op on GRPO advantages
+    a = grpo.group_advantages(raw, 2)
+    b = grpo.group_advantages(real, 2)
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"mode": "bogus"}, "mode"),
+        ({"num_bins": 0}, "num_bins"),
+        ({"reward_range": (1.0, 0.0)}, "reward_range"),
+        ({"half_life": -1.0}, "half_life"),
+    ],
+)
+def test_config_errors_name_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        debias.DebiasConfig(**kwargs)

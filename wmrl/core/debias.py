@@ -1,0 +1,353 @@
+"""Online Debiasing (DESIGN.md 3.4): two estimators that do different jobs.
+
+* Keyed offsets `b(z)`: a running mean of `r_wm - r_env` per discrete key z (the arm in a
+  bandit, optionally the task or the WM's predicted outcome class), over a window or as an EMA
+  with start-up correction. Applied as `r_wm - b(z)` once the key has `min_count` pairs. This is
+  what removes bias that *differs between actions* and can flip the argmax. Offsets that are
+  constant within a GRPO group (e.g. key = task) cancel under group standardisation: with
+  key = task they are a no-op for the policy gradient.
+* Monotone map (the paper's): a window of recent (r_wm, r_env) pairs with a FIFO cap, and a
+  binned isotonic fit `f: r -> E[r_env | r]` (equal-width bins, pool-adjacent-violators, linear
+  interpolation between the centres of non-empty bins). Identity until `min_pairs`, refit every
+  `refit_every` new pairs. Monotone, so it never reorders a group; non-affine, so it survives
+  group standardisation. It corrects scale distortions but, being a global monotone map, it
+  keeps the WM's order of actions: it cannot undo a bias that reorders them.
+
+When both are on, the keyed offsets are applied first and the map is fitted on the
+offset-corrected scores. The whole estimator state is one pytree (`DebiasState`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+DebiasMode = Literal["none", "keyed", "monotone", "both"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DebiasConfig:
+    """Hyper-parameters of the bias estimator (DESIGN.md defaults)."""
+
+    mode: DebiasMode = "monotone"
+    # keyed offsets
+    num_keys: int = 1
+    offset_rule: Literal["window", "ema"] = "window"
+    window: int = 256  # pairs per key (rule = window)
+    half_life: float = 64.0  # pairs per key (rule = ema)
+    min_count: int = 8
+    # monotone map
+    capacity: int = 5000
+    num_bins: int = 10
+    min_pairs: int = 200
+    refit_every: int = 64
+    reward_range: tuple[float, float] = (0.0, 1.0)
+
+    def __post_init__(self):
+        def bad(field, msg):
+            raise ValueError(f"debias.{field} {msg}")
+
+        if self.mode not in ("none", "keyed", "monotone", "both"):
+            bad("mode", f"must be one of none/keyed/monotone/both, got {self.mode!r}")
+        if self.offset_rule not in ("window", "ema"):
+            bad("offset_rule", f"must be 'window' or 'ema', got {self.offset_rule!r}")
+        for name in ("num_keys", "window", "capacity", "num_bins", "refit_every"):
+            if getattr(self, name) < 1:
+                bad(name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("min_count", "min_pairs"):
+            if getattr(self, name) < 0:
+                bad(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.half_life <= 0:
+            bad("half_life", f"must be > 0, got {self.half_life}")
+        lo, hi = self.reward_range
+        if not hi > lo:
+            bad("reward_range", f"must satisfy low < high, got {self.reward_range}")
+
+    @property
+    def uses_keyed(self) -> bool:
+        return self.mode in ("keyed", "both")
+
+    @property
+    def uses_monotone(self) -> bool:
+        return self.mode in ("monotone", "both")
+
+
+# ----------------------------------------------------------------------------- keyed offsets
+
+
+@struct.dataclass
+class KeyedOffsetState:
+    buffer: jax.Array  # [K, W] recent residuals (window rule) or [K, 1] unused (ema rule)
+    position: jax.Array  # [K] next write slot in the ring buffer
+    count: jax.Array  # [K] pairs seen per key
+    ema: jax.Array  # [K] un-normalised EMA of the residual
+    ema_norm: jax.Array  # [K] EMA of 1 (start-up correction)
+
+
+def init_keyed_offsets(config: DebiasConfig) -> KeyedOffsetState:
+    k = config.num_keys
+    w = config.window if config.offset_rule == "window" else 1
+    return KeyedOffsetState(
+        buffer=jnp.zeros((k, w), jnp.float32),
+        position=jnp.zeros((k,), jnp.int32),
+        count=jnp.zeros((k,), jnp.int32),
+        ema=jnp.zeros((k,), jnp.float32),
+        ema_norm=jnp.zeros((k,), jnp.float32),
+    )
+
+
+def update_keyed_offsets(
+    state: KeyedOffsetState,
+    r_wm: jax.Array,
+    r_env: jax.Array,
+    keys: jax.Array,
+    valid: jax.Array,
+    config: DebiasConfig,
+) -> KeyedOffsetState:
+    """Fold a batch of anchor pairs into the per-key running means (sequentially, in order)."""
+    decay = math.pow(0.5, 1.0 / config.half_life)
+    window = state.buffer.shape[1]
+
+    def step(st: KeyedOffsetState, inp):
+        wm, env, key, ok = inp
+        resid = wm - env
+        okf = ok.astype(jnp.float32)
+        pos = st.position[key]
+        buffer = st.buffer.at[key, pos].set(jnp.where(ok, resid, st.buffer[key, pos]))
+        st = st.replace(
+            buffer=buffer,
+            position=st.position.at[key].add(ok.astype(jnp.int32)) % window,
+            count=st.count.at[key].add(ok.astype(jnp.int32)),
+            ema=st.ema.at[key].set(
+                jnp.where(ok, decay * st.ema[key] + (1 - decay) * resid, st.ema[key])
+            ),
+            ema_norm=st.ema_norm.at[key].add(okf * ((decay - 1) * st.ema_norm[key] + 1 - decay)),
+        )
+        return st, None
+
+    keys = jnp.clip(keys.astype(jnp.int32), 0, config.num_keys - 1)
+    state, _ = jax.lax.scan(step, state, (r_wm, r_env, keys, jnp.asarray(valid, bool)))
+    return state
+
+
+def keyed_offsets(state: KeyedOffsetState, config: DebiasConfig) -> tuple[jax.Array, jax.Array]:
+    """Current per-key offsets [K] and whether each key is ready (count >= min_count)."""
+    if config.offset_rule == "window":
+        n = jnp.minimum(state.count, state.buffer.shape[1])
+        slots = jnp.arange(state.buffer.shape[1])[None, :] < n[:, None]
+        offset = jnp.where(slots, state.buffer, 0.0).sum(axis=1) / jnp.maximum(n, 1)
+    else:
+        offset = state.ema / jnp.maximum(state.ema_norm, 1e-12)
+    ready = state.count >= max(config.min_count, 1)
+    return jnp.where(ready, offset, 0.0), ready
+
+
+# ----------------------------------------------------------------------------- monotone map
+
+
+@struct.dataclass
+class MonotoneMapState:
+    wm: jax.Array  # [C] pair window (FIFO ring buffer)
+    env: jax.Array  # [C]
+    position: jax.Array  # next write slot
+    size: jax.Array  # pairs currently stored (<= C)
+    since_fit: jax.Array  # pairs added since the last fit
+    fitted: jax.Array  # bool: map active
+    bin_values: jax.Array  # [num_bins] isotonic bin values
+    bin_filled: jax.Array  # [num_bins] bool: bin had data at the last fit
+
+
+def init_monotone_map(config: DebiasConfig) -> MonotoneMapState:
+    c, nb = config.capacity, config.num_bins
+    return MonotoneMapState(
+        wm=jnp.zeros((c,), jnp.float32),
+        env=jnp.zeros((c,), jnp.float32),
+        position=jnp.zeros((), jnp.int32),
+        size=jnp.zeros((), jnp.int32),
+        since_fit=jnp.zeros((), jnp.int32),
+        fitted=jnp.zeros((), bool),
+        bin_values=jnp.zeros((nb,), jnp.float32),
+        bin_filled=jnp.zeros((nb,), bool),
+    )
+
+
+def bin_centres(config: DebiasConfig) -> jax.Array:
+    lo, hi = config.reward_range
+    width = (hi - lo) / config.num_bins
+    return lo + width * (jnp.arange(config.num_bins, dtype=jnp.float32) + 0.5)
+
+
+def weighted_isotonic(values: jax.Array, weights: jax.Array) -> jax.Array:
+    """Weighted non-decreasing isotonic regression of a short vector (e.g. bin means).
+
+    Uses the max-min characterisation of the pool-adjacent-violators solution,
+    `f_i = max_{j<=i} min_{k>=i} avg(j..k)`, which is exact, branch-free and jittable;
+    O(n^2) memory is nothing for n = number of bins. Entries with zero weight get an arbitrary
+    value and must be ignored by the caller.
+    """
+    n = values.shape[0]
+    cw = jnp.concatenate([jnp.zeros(1), jnp.cumsum(weights)])
+    cwy = jnp.concatenate([jnp.zeros(1), jnp.cumsum(weights * values)])
+    j = jnp.arange(n)[:, None]
+    k = jnp.arange(n)[None, :]
+    w_jk = cw[k + 1] - cw[j]
+    avg = (cwy[k + 1] - cwy[j]) / jnp.where(w_jk > 0, w_jk, 1.0)
+    usable = (k >= j) & (w_jk > 0)
+    avg = jnp.where(usable, avg, jnp.inf)
+    # inner[j, i] = min_{k >= i} avg[j, k]
+    inner = jax.lax.cummin(avg, axis=1, reverse=True)
+    i = jnp.arange(n)[None, :]
+    inner = jnp.where((j <= i) & jnp.isfinite(inner), inner, -jnp.inf)
+    return jnp.max(inner, axis=0)
+
+
+def fit_monotone_map(wm: jax.Array, env: jax.Array, valid: jax.Array, config: DebiasConfig):
+    """Binned isotonic fit of E[r_env | r_wm] from pairs. Returns (bin_values, bin_filled)."""
+    lo, hi = config.reward_range
+    nb = config.num_bins
+    idx = jnp.clip(jnp.floor((wm - lo) / (hi - lo) * nb).astype(jnp.int32), 0, nb - 1)
+    w = jnp.asarray(valid, jnp.float32)
+    counts = jnp.zeros(nb).at[idx].add(w)
+    sums = jnp.zeros(nb).at[idx].add(w * env)
+    means = sums / jnp.maximum(counts, 1.0)
+    return weighted_isotonic(means, counts), counts > 0
+
+
+def apply_monotone_map(
+    r: jax.Array, bin_values: jax.Array, bin_filled: jax.Array, config: DebiasConfig
+) -> jax.Array:
+    """Linear interpolation between the centres of filled bins, constant beyond the ends."""
+    centres = bin_centres(config)
+    x = r[..., None]
+    left_ok = bin_filled & (centres <= x)
+    right_ok = bin_filled & (centres >= x)
+    nb = centres.shape[0]
+    ar = jnp.arange(nb)
+    first = jnp.argmax(bin_filled)
+    last = nb - 1 - jnp.argmax(bin_filled[::-1])
+    li = jnp.where(left_ok.any(-1), jnp.max(jnp.where(left_ok, ar, -1), -1), first)
+    ri = jnp.where(right_ok.any(-1), jnp.min(jnp.where(right_ok, ar, nb), -1), last)
+    x0, x1 = centres[li], centres[ri]
+    y0, y1 = bin_values[li], bin_values[ri]
+    t = jnp.where(ri > li, (r - x0) / jnp.where(ri > li, x1 - x0, 1.0), 0.0)
+    return y0 + jnp.clip(t, 0.0, 1.0) * (y1 - y0)
+
+
+def update_monotone_map(
+    state: MonotoneMapState,
+    r_wm: jax.Array,
+    r_env: jax.Array,
+    valid: jax.Array,
+    config: DebiasConfig,
+) -> MonotoneMapState:
+    """Append a batch of pairs to the FIFO window, then refit when due."""
+    cap = config.capacity
+    valid = jnp.asarray(valid, bool)
+    if r_wm.shape[0] > cap:
+        raise ValueError(f"a batch of {r_wm.shape[0]} pairs exceeds debias.capacity={cap}")
+    offsets = jnp.cumsum(valid.astype(jnp.int32)) - 1
+    slots = jnp.where(valid, (state.position + offsets) % cap, cap)  # cap = dropped
+    added = valid.sum().astype(jnp.int32)
+    state = state.replace(
+        wm=state.wm.at[slots].set(r_wm.astype(jnp.float32), mode="drop"),
+        env=state.env.at[slots].set(r_env.astype(jnp.float32), mode="drop"),
+        position=(state.position + added) % cap,
+        size=jnp.minimum(state.size + added, cap),
+        since_fit=state.since_fit + added,
+    )
+    due = (state.size >= max(config.min_pairs, 1)) & (
+        (~state.fitted) | (state.since_fit >= config.refit_every)
+    )
+
+    def refit(st: MonotoneMapState) -> MonotoneMapState:
+        stored = jnp.arange(cap) < st.size
+        values, filled = fit_monotone_map(st.wm, st.env, stored, config)
+        return st.replace(
+            bin_values=values, bin_filled=filled, fitted=jnp.asarray(True), since_fit=0 * added
+        )
+
+    return jax.lax.cond(due, refit, lambda st: st, state)
+
+
+# ----------------------------------------------------------------------------- the estimator
+
+
+@struct.dataclass
+class DebiasState:
+    keyed: KeyedOffsetState
+    monotone: MonotoneMapState
+
+
+def init_debias_state(config: DebiasConfig) -> DebiasState:
+    return DebiasState(keyed=init_keyed_offsets(config), monotone=init_monotone_map(config))
+
+
+def apply_debias(
+    state: DebiasState, r_wm: jax.Array, keys: jax.Array | None, config: DebiasConfig
+) -> jax.Array:
+    """Calibrate WM scores: keyed offsets (if on and ready), then the monotone map (if fitted)."""
+    out = r_wm.astype(jnp.float32)
+    if config.uses_keyed:
+        if keys is None:
+            raise ValueError("debias.mode uses keyed offsets but no keys were given")
+        offsets, ready = keyed_offsets(state.keyed, config)
+        k = jnp.clip(keys.astype(jnp.int32), 0, config.num_keys - 1)
+        out = out - jnp.where(ready[k], offsets[k], 0.0)
+    if config.uses_monotone:
+        m = state.monotone
+        out = jnp.where(m.fitted, apply_monotone_map(out, m.bin_values, m.bin_filled, config), out)
+    return out
+
+
+def update_debias(
+    state: DebiasState,
+    r_wm: jax.Array,
+    r_env: jax.Array,
+    keys: jax.Array | None,
+    valid: jax.Array,
+    config: DebiasConfig,
+) -> DebiasState:
+    """Feed anchor pairs (raw WM score, real reward) into the estimator.
+
+    The map is fitted on keyed-corrected scores, so it sees the same inputs it is applied to.
+    """
+    keyed, mono = state.keyed, state.monotone
+    r_wm = r_wm.astype(jnp.float32)
+    if config.uses_keyed:
+        if keys is None:
+            raise ValueError("debias.mode uses keyed offsets but no keys were given")
+        keyed = update_keyed_offsets(keyed, r_wm, r_env, keys, valid, config)
+        offsets, ready = keyed_offsets(keyed, config)
+        k = jnp.clip(keys.astype(jnp.int32), 0, config.num_keys - 1)
+        r_wm = r_wm - jnp.where(ready[k], offsets[k], 0.0)
+    if config.uses_monotone:
+        mono = update_monotone_map(mono, r_wm, r_env, valid, config)
+    return DebiasState(keyed=keyed, monotone=mono)
+
+
+def centred_residual(x: jax.Array, y: jax.Array, group_size: int) -> jax.Array:
+    """`mean(((x - mean x) - (y - mean y))^2)` within groups, averaged over groups.
+
+    x, y: [N] with contiguous groups of `group_size`. Offsets constant within a group do not
+    count, because group standardisation cancels them.
+    """
+    xg = x.reshape(-1, group_size)
+    yg = y.reshape(-1, group_size)
+    xc = xg - xg.mean(axis=1, keepdims=True)
+    yc = yg - yg.mean(axis=1, keepdims=True)
+    return jnp.mean(jnp.square(xc - yc))
+
+
+def bias_diagnostic(
+    raw: jax.Array, calibrated: jax.Array, real: jax.Array, group_size: int
+) -> dict[str, jax.Array]:
+    """Before/after within-group residual and the relative reduction `1 - after / before`."""
+    before = centred_residual(raw, real, group_size)
+    after = centred_residual(calibrated, real, group_size)
+    reduction = jnp.where(before > 0, 1.0 - after / jnp.maximum(before, 1e-12), 0.0)
+    return {"residual_before": before, "residual_after": after, "bias_reduction": reduction}
