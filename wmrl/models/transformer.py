@@ -218,6 +218,14 @@ def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=None) -> K
     return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers))
 
 
+def logprobs_from_logits(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    """`[B, T, V]` logits of a forward pass over `tokens: [B, T]` -> `[B, T]` log-probs with
+    `out[:, t] = log p(tokens[t] | tokens[<t])`, `out[:, 0] = 0`, zero on padding."""
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0))) * mask.astype(picked.dtype)
+
+
 def token_logprobs(model: Transformer, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     """Training-side log-probs: `[B, T]` with `out[:, t] = log p(tokens[t] | tokens[<t])`.
 
@@ -225,6 +233,4 @@ def token_logprobs(model: Transformer, tokens: jax.Array, mask: jax.Array) -> ja
     is the reference the sampler's log-probs are tested against.
     """
     logits, _ = model(tokens, positions_from_mask(mask), causal_padding_mask(mask))
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    return jnp.pad(picked, ((0, 0), (1, 0))) * mask.astype(picked.dtype)
+    return logprobs_from_logits(logits, tokens, mask)
