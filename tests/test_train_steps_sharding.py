@@ -49,8 +49,15 @@ def _run(mesh_shape, devices, micro):
     tx = optax.sgd(LR)
     graphdef, state = init_train_state(_factory, tx, mesh)
     batch = _batch()
-    step = make_policy_train_step(graphdef, tx, jax.tree.map(lambda x: x.sharding, state), batch,
-                                  mesh, LOSS, num_micro_batches=micro)  # fmt: skip
+    step = make_policy_train_step(
+        graphdef,
+        tx,
+        jax.tree.map(lambda x: x.sharding, state),
+        batch,
+        mesh,
+        LOSS,
+        num_micro_batches=micro,
+    )
     state, metrics = step(state, batch)
     return state, metrics
 
@@ -62,8 +69,15 @@ def _reference():
 
     def loss(m):
         logp = token_logprobs(m, b["tokens"], b["input_mask"])
-        s, _ = token_policy_loss(logp, b["old_logp"], b["ref_logp"], b["advantages"],
-                                 b["loss_mask"], clip_eps=0.2, kl_coef=0.05)  # fmt: skip
+        s, _ = token_policy_loss(
+            logp,
+            b["old_logp"],
+            b["ref_logp"],
+            b["advantages"],
+            b["loss_mask"],
+            clip_eps=0.2,
+            kl_coef=0.05,
+        )
         return s / b["loss_mask"].sum()
 
     value, grads = nnx.value_and_grad(loss)(model)
@@ -87,8 +101,11 @@ def test_same_update_on_every_mesh(mesh_shape, n_devices, micro, reference):
     loss_sum, count = metrics["loss"]
     assert float(count) == float(_batch()["loss_mask"].sum())
     np.testing.assert_allclose(float(loss_sum / count), float(ref_loss), rtol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4),
-                 state.params, ref_params)  # fmt: skip
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4),
+        state.params,
+        ref_params,
+    )
     assert int(state.step) == 1
     # parameters live where the rules table says
     q = state.params["layers"][0]["attn"]["q_dnh"]

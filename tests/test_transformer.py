@@ -16,9 +16,17 @@ from wmrl.models.transformer import (
 )
 
 CFG = TransformerConfig(
-    vocab_size=32, d_model=16, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-    mlp_dim=24, max_len=32, qk_norm=True, tie_embeddings=False,
-)  # fmt: skip
+    vocab_size=32,
+    d_model=16,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=24,
+    max_len=32,
+    qk_norm=True,
+    tie_embeddings=False,
+)
 
 
 def _np_rms(x, scale, eps):

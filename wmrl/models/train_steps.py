@@ -32,6 +32,7 @@ from wmrl.models.transformer import (
     logprobs_from_logits,
     positions_from_mask,
 )
+from wmrl.models.world_model import wm_loss_fn, wm_normalisers
 
 Metrics = dict[str, tuple[jax.Array, jax.Array]]
 # loss_fn(model, micro_batch, normaliser) -> (loss divided by the global normaliser, metrics)
@@ -214,5 +215,16 @@ def make_policy_train_step(
     """`policy_train_step(state, batch) -> (state, metrics)` for the GRPO policy loss."""
     return make_train_step(
         graphdef, tx, policy_loss_fn(loss_cfg), masked_token_count, shardings, example_batch,
+        mesh, num_micro_batches,
+    )  # fmt: skip
+
+
+def make_wm_train_step(
+    graphdef, tx, shardings, example_batch, mesh, class_coef=1.0, num_micro_batches=1
+):
+    """`wm_train_step(state, batch) -> (state, metrics)`: bootstrap-weighted Gaussian NLL per
+    ensemble member + class cross-entropy (see `wmrl.models.world_model.wm_loss`)."""
+    return make_train_step(
+        graphdef, tx, wm_loss_fn(class_coef), wm_normalisers, shardings, example_batch,
         mesh, num_micro_batches,
     )  # fmt: skip
