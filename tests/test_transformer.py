@@ -164,3 +164,17 @@ def test_bad_config_raises(fields, message):
 def test_unknown_config_field_raises():
     with pytest.raises(ValueError, match=r"unknown fields.*num_head"):
         from_mapping(dict(vocab_size=8, d_model=8, num_layers=1, num_head=2, num_kv_heads=1))
+
+
+def test_remat_gives_identical_gradients():
+    cfg = CFG.replace(num_layers=2)
+    tokens, mask = jnp.arange(8)[None] % 32, jnp.ones((1, 8), bool)
+    grads = [
+        nnx.to_pure_dict(
+            nnx.grad(lambda m: token_logprobs(m, tokens, mask).sum())(
+                Transformer(cfg.replace(remat=remat), rngs=nnx.Rngs(0))
+            )
+        )
+        for remat in (False, True)
+    ]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), *grads)

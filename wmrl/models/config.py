@@ -24,6 +24,8 @@ class TransformerConfig:
     `head_dim` may differ from `d_model // num_heads` (as in Gemma); 0 means
     "derive it". `dtype` is the compute dtype, `param_dtype` the storage dtype of
     the master parameters (bf16 compute with fp32 params is the usual choice).
+    `remat` recomputes each block's activations in the backward pass, trading
+    ~1/3 more FLOPs for activation memory that no longer grows with depth.
     """
 
     vocab_size: int
@@ -40,6 +42,7 @@ class TransformerConfig:
     tie_embeddings: bool = True
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-6
+    remat: bool = False
 
     def __post_init__(self) -> None:
         validate(self)

@@ -177,12 +177,16 @@ class Transformer(nnx.Module):
         cache_index: int | jax.Array = 0,
     ) -> tuple[jax.Array, KVCache | None]:
         """`tokens, positions: [B, T]`, `mask: [B, T, S]` -> (`[B, T, D]`, updated cache)."""
-        x = jnp.take(self.embed_vd.get_value(), tokens, axis=0).astype(self.cfg.compute_dtype)
+        # Gather the fsdp-sharded embed dim first: a lookup into a table sharded on the
+        # same axis as the batch forces XLA into a full rematerialisation.
+        table = constrain(self.embed_vd.get_value(), ("vocab", None))
+        x = jnp.take(table, tokens, axis=0).astype(self.cfg.compute_dtype)
         x = constrain(x, ("batch", "length", "embed"))
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(
-                x, positions, mask, None if cache is None else cache[i], cache_index
+            layer_fn = nnx.remat(Block.__call__) if self.cfg.remat else Block.__call__
+            x, layer_cache = layer_fn(
+                layer, x, positions, mask, None if cache is None else cache[i], cache_index
             )
             new_cache.append(layer_cache)
         return self.final_norm(x), (None if cache is None else tuple(new_cache))
