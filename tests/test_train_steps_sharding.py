@@ -144,3 +144,36 @@ def test_bad_mesh_and_batch_raise():
     empty = {k: v[:0] for k, v in _batch().items()}
     with pytest.raises(ValueError, match="empty batch"):
         make_policy_train_step(graphdef, tx, shardings, empty, mesh, LOSS, 1)
+
+
+def test_wm_step_same_on_single_device_and_3d_mesh():
+    from wmrl.models.config import TransformerConfig
+    from wmrl.models.train_steps import make_wm_train_step
+    from wmrl.models.world_model import WorldModel, WorldModelConfig, bootstrap_weights
+
+    trunk = TransformerConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=4,
+                              num_kv_heads=2, max_len=16)  # fmt: skip
+    wm_cfg = WorldModelConfig(trunk=trunk, num_members=3, num_classes=4, head_hidden=8)
+    rng = np.random.default_rng(0)
+    batch = {
+        "tokens": rng.integers(1, 32, (8, 6)).astype(np.int32),
+        "input_mask": np.ones((8, 6), bool),
+        "target": rng.normal(size=8).astype(np.float32),
+        "member_weights": np.asarray(bootstrap_weights(jax.random.key(0), 8, 3)),
+        "class_label": np.array([0, 1, 2, 3, -1, 0, 1, 2], np.int32),
+    }
+    results = []
+    for shape, n in [((1, 1, 1), 1), ((2, 2, 2), 8)]:
+        mesh = make_mesh(shape, jax.devices()[:n])
+        tx = optax.sgd(0.5)
+        graphdef, state = init_train_state(lambda: WorldModel(wm_cfg, rngs=nnx.Rngs(0)), tx, mesh)
+        step = make_wm_train_step(graphdef, tx, jax.tree.map(lambda x: x.sharding, state), batch,
+                                  mesh, num_micro_batches=2)  # fmt: skip
+        state, metrics = step(state, batch)
+        results.append((state, metrics))
+    (s1, m1), (s8, m8) = results
+    assert float(m1["class_ce"][1]) == 7.0  # one unlabelled example is skipped
+    np.testing.assert_allclose(m1["nll"][0], m8["nll"][0], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4),
+                 s1.params, s8.params)  # fmt: skip
+    assert s8.params["head_w1"].sharding.spec == P(None, "fsdp", "tensor")
