@@ -108,15 +108,15 @@ def test_same_update_on_every_mesh(mesh_shape, n_devices, micro, reference):
     )
     assert int(state.step) == 1
     # parameters live where the rules table says
-    q = state.params["layers"][0]["attn"]["q_dnh"]
+    q = state.params["blocks"]["attn"]["q_dnh"]
     embed = state.params["embed_vd"]
-    down = state.params["layers"][1]["mlp"]["down_fd"]
+    down = state.params["blocks"]["mlp"]["down_fd"]
     if mesh_shape == (2, 2, 2):
-        assert q.sharding.spec == P("fsdp", "tensor", None)
+        assert q.sharding.spec == P(None, "fsdp", "tensor", None)
         assert embed.sharding.spec == P("tensor", "fsdp")
-        assert down.sharding.spec == P("tensor", "fsdp")
+        assert down.sharding.spec == P(None, "tensor", "fsdp")
         shard = q.addressable_shards[0].data.shape
-        assert shard == (CFG.d_model // 2, CFG.num_heads // 2, CFG.head_dim)
+        assert shard == (CFG.num_layers, CFG.d_model // 2, CFG.num_heads // 2, CFG.head_dim)
     if mesh_shape == (8, 1, 1):
         assert q.sharding.is_fully_replicated
 
@@ -124,8 +124,8 @@ def test_same_update_on_every_mesh(mesh_shape, n_devices, micro, reference):
 def test_adam_moments_follow_param_sharding():
     mesh = make_mesh((2, 2, 2))
     _, state = init_train_state(_factory, optax.adam(1e-3), mesh)
-    mu = state.opt_state[0].mu["layers"][0]["mlp"]["gate_df"]
-    assert mu.sharding.spec == P("fsdp", "tensor")
+    mu = state.opt_state[0].mu["blocks"]["mlp"]["gate_df"]
+    assert mu.sharding.spec == P(None, "fsdp", "tensor")
     assert state.opt_state[0].count.sharding.is_fully_replicated
 
 

@@ -48,7 +48,8 @@ def numpy_forward(p, cfg, tokens):
     pos = np.arange(T, dtype=np.float64)
     x = p["embed_vd"][tokens]
     G = cfg.num_heads // cfg.num_kv_heads
-    for layer in p["layers"].values():
+    for i in range(cfg.num_layers):
+        layer = jax.tree.map(lambda a, i=i: a[i], p["blocks"])
         a = layer["attn"]
         h = _np_rms(x, layer["attn_norm"]["scale"], cfg.norm_eps)
         out = np.zeros((T, cfg.num_heads, cfg.head_dim))
@@ -133,8 +134,9 @@ def test_param_count_and_logical_axes():
     per_layer = 2 * 16 * 4 * 8 + 2 * 16 * 2 * 8 + 2 * 8 + 3 * 16 * 24 + 2 * 16
     assert sum(x.size for x in leaves) == 2 * 32 * 16 + 2 * per_layer + 16 == num_params(CFG)
     axes = param_logical_axes(nnx.state(model))
-    assert axes["layers"][0]["attn"]["q_dnh"] == ("embed", "heads", "head_dim")
-    assert axes["layers"][1]["mlp"]["down_fd"] == ("mlp", "embed")
+    assert axes["blocks"]["attn"]["q_dnh"] == ("layers", "embed", "heads", "head_dim")
+    assert axes["blocks"]["mlp"]["down_fd"] == ("layers", "mlp", "embed")
+    assert nnx.state(model)["blocks"]["attn"]["q_dnh"].get_value().shape == (2, 16, 4, 8)
     assert logical_to_spec(axes["embed_vd"]) == jax.sharding.PartitionSpec("tensor", "fsdp")
     batch_spec = jax.sharding.PartitionSpec(("data", "fsdp"), None)
     assert logical_to_spec(("batch", "length")) == batch_spec

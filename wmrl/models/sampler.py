@@ -130,8 +130,9 @@ def prefill(graphdef, params, prompts, prompt_mask, *, max_new_tokens: int, num_
     logits, cache = model(prompts, positions_from_mask(prompt_mask), attn, cache, 0)
     key_mask = jnp.pad(prompt_mask, ((0, 0), (0, max_new_tokens)))
     next_position = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
-    rep = lambda x: jnp.repeat(x, num_samples, axis=0)
-    return jax.tree.map(rep, cache), rep(key_mask), rep(logits[:, -1]), rep(next_position)
+    rep = lambda x, axis=0: jnp.repeat(x, num_samples, axis=axis)
+    cache = jax.tree.map(lambda c: rep(c, 1), cache)  # [L, B, S, K, Dh]: batch is axis 1
+    return cache, rep(key_mask), rep(logits[:, -1]), rep(next_position)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sc", "prompt_len"), donate_argnums=(2,))

@@ -27,6 +27,7 @@ MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor")
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp")),
     ("length", None),
+    ("layers", None),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
     ("heads", "tensor"),

@@ -10,9 +10,13 @@ K kv heads, G = H // K, Dh head_dim, F mlp_dim, V vocab):
 * `mask` is the `[B, T, S]` boolean attention mask (True = may attend).
 * Positions come from the padding mask (`positions_from_mask`), so a
   left-padded prompt gets the same rotary positions as the unpadded one.
-* The KV cache is an explicit pytree (a tuple of per-layer `(k, v)` pairs of
-  shape `[B, S, K, Dh]`) passed in and returned, never hidden module state, so
-  the sampler can donate it to a jitted loop.
+* The layers are one `Block` whose parameters are stacked on a leading
+  `layers` axis and run with `lax.scan`: compile time and program size do not
+  grow with depth (a 36-layer model compiles like a 1-layer one).
+* The KV cache is an explicit pytree, a `(k, v)` pair of `[L, B, S, K, Dh]`
+  arrays, passed in and returned, never hidden module state, so the sampler
+  can donate it to a jitted loop. It rides in the scan carry and each layer
+  writes only its new chunk, so XLA updates it in place.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from flax import nnx
 from wmrl.models.config import TransformerConfig
 from wmrl.models.sharding import constrain
 
-KVCache = tuple[tuple[jax.Array, jax.Array], ...]
+KVCache = tuple[jax.Array, jax.Array]
 _NEG_INF = -1e30  # finite, so a fully masked row (left padding) gives a uniform softmax, not NaN
 
 
@@ -84,8 +88,12 @@ class Attention(nnx.Module):
         self.cfg = cfg
 
     def __call__(self, x, positions, mask, cache=None, cache_index=0):
-        """`x: [B, T, D]`, `mask: [B, T, S]`; with `cache` ([B, S, K, Dh] pair) writes
-        this chunk's keys/values at `cache_index` and attends over the whole cache."""
+        """`x: [B, T, D]`, `mask: [B, T, S]` -> (`[B, T, D]`, new `(k, v)` chunk or None).
+
+        With `cache` (this layer's `[B, S, K, Dh]` pair) the chunk's keys/values
+        are placed at `cache_index` and attention runs over the whole cache; the
+        chunk (`[B, T, K, Dh]`, cache dtype) is returned for the caller to store.
+        """
         cfg = self.cfg
         dt = cfg.compute_dtype
         B, T, _ = x.shape
@@ -99,14 +107,13 @@ class Attention(nnx.Module):
         q = apply_rope(q, positions, cfg.rope_theta)
         k = apply_rope(k, positions, cfg.rope_theta)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
-        new_cache = None
+        chunk = None
         if cache is not None:
             ck, cv = cache
+            chunk = (k.astype(ck.dtype), v.astype(cv.dtype))
             idx = (0, cache_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), idx)
-            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), idx)
-            new_cache = (k, v)
-            k, v = k.astype(dt), v.astype(dt)
+            k = jax.lax.dynamic_update_slice(ck, chunk[0], idx).astype(dt)
+            v = jax.lax.dynamic_update_slice(cv, chunk[1], idx).astype(dt)
         k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
         q = q.reshape(B, T, K, G, Dh)
         scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
@@ -116,7 +123,7 @@ class Attention(nnx.Module):
         out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, K * G, Dh)
         out = constrain(out, ("batch", "length", "heads", "head_dim"))
         y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd.get_value().astype(dt))
-        return y, new_cache
+        return y, chunk
 
 
 class MLP(nnx.Module):
@@ -148,10 +155,23 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, rngs=rngs)
 
     def __call__(self, x, positions, mask, cache=None, cache_index=0):
-        h, new_cache = self.attn(self.attn_norm(x), positions, mask, cache, cache_index)
+        h, chunk = self.attn(self.attn_norm(x), positions, mask, cache, cache_index)
         x = x + h
         x = x + self.mlp(self.mlp_norm(x))
-        return constrain(x, ("batch", "length", "embed")), new_cache
+        return constrain(x, ("batch", "length", "embed")), chunk
+
+
+def stacked_blocks(cfg: TransformerConfig, rngs: nnx.Rngs) -> Block:
+    """`num_layers` independently initialised blocks as one `Block` whose parameters
+    have a leading `layers` axis (logical name `layers`)."""
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: Block(cfg, rngs=nnx.Rngs(0))))
+    keys = jax.random.split(rngs.params(), cfg.num_layers)
+    state = jax.vmap(lambda key: nnx.state(Block(cfg, rngs=nnx.Rngs(params=key))))(keys)
+    blocks = nnx.merge(graphdef, state)
+    for _, var in nnx.iter_graph(blocks):
+        if isinstance(var, nnx.Param):
+            var.set_metadata(logical_axes=("layers", *var.get_metadata()["logical_axes"]))
+    return blocks
 
 
 class Transformer(nnx.Module):
@@ -162,7 +182,7 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         D, V, pd = cfg.d_model, cfg.vocab_size, cfg.storage_dtype
         self.embed_vd = _param(rngs, (V, D), ("vocab", "embed"), pd, D**-0.5)
-        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.blocks = stacked_blocks(cfg, rngs)
         self.final_norm = RMSNorm(D, eps=cfg.norm_eps, param_dtype=pd)
         self.unembed_dv = (
             None if cfg.tie_embeddings else _param(rngs, (D, V), ("embed", "vocab"), pd, D**-0.5)
@@ -182,14 +202,29 @@ class Transformer(nnx.Module):
         table = constrain(self.embed_vd.get_value(), ("vocab", None))
         x = jnp.take(table, tokens, axis=0).astype(self.cfg.compute_dtype)
         x = constrain(x, ("batch", "length", "embed"))
-        new_cache = []
-        for i, layer in enumerate(self.layers):
-            layer_fn = nnx.remat(Block.__call__) if self.cfg.remat else Block.__call__
-            x, layer_cache = layer_fn(
-                layer, x, positions, mask, None if cache is None else cache[i], cache_index
-            )
-            new_cache.append(layer_cache)
-        return self.final_norm(x), (None if cache is None else tuple(new_cache))
+        graphdef, stacked = nnx.split(self.blocks)
+
+        def layer(carry, xs):
+            x, ck, cv = carry
+            params, i = xs
+            block = nnx.merge(graphdef, params)
+            if ck is None:
+                x, _ = block(x, positions, mask)
+                return (x, ck, cv), None
+            layer_cache = (jax.lax.dynamic_index_in_dim(ck, i, keepdims=False),
+                           jax.lax.dynamic_index_in_dim(cv, i, keepdims=False))  # fmt: skip
+            x, (k, v) = block(x, positions, mask, layer_cache, cache_index)
+            idx = (i, 0, cache_index, 0, 0)
+            ck = jax.lax.dynamic_update_slice(ck, k[None], idx)
+            cv = jax.lax.dynamic_update_slice(cv, v[None], idx)
+            return (x, ck, cv), None
+
+        if self.cfg.remat:
+            layer = jax.checkpoint(layer)
+        ck, cv = (None, None) if cache is None else cache
+        layer_ids = jnp.arange(self.cfg.num_layers)
+        (x, ck, cv), _ = jax.lax.scan(layer, (x, ck, cv), (stacked, layer_ids))
+        return self.final_norm(x), (None if cache is None else (ck, cv))
 
     def logits(self, h: jax.Array) -> jax.Array:
         """`[B, T, D] -> [B, T, V]` float32 logits."""
@@ -216,10 +251,10 @@ class Transformer(nnx.Module):
 
 
 def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=None) -> KVCache:
-    """Zeroed KV cache: per layer a `(k, v)` pair of `[batch, length, K, Dh]`."""
+    """Zeroed KV cache: a `(k, v)` pair of `[L, batch, length, K, Dh]`."""
     dtype = cfg.compute_dtype if dtype is None else dtype
-    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
-    return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers))
+    shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
 def logprobs_from_logits(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
