@@ -16,7 +16,7 @@ K kv heads, G = H // K, Dh head_dim, F mlp_dim, V vocab):
 * The KV cache is an explicit pytree, a `(k, v)` pair of `[L, B, S, K, Dh]`
   arrays, passed in and returned, never hidden module state, so the sampler
   can donate it to a jitted loop. It rides in the scan carry and each layer
-  writes only its new chunk, so XLA updates it in place.
+  writes only its new chunk into it, so XLA updates it in place.
 """
 
 from __future__ import annotations
@@ -87,12 +87,12 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(Dh, eps=cfg.norm_eps, param_dtype=pd) if cfg.qk_norm else None
         self.cfg = cfg
 
-    def __call__(self, x, positions, mask, cache=None, cache_index=0):
-        """`x: [B, T, D]`, `mask: [B, T, S]` -> (`[B, T, D]`, new `(k, v)` chunk or None).
+    def __call__(self, x, positions, mask, cache=None, cache_index=0, layer=0):
+        """`x: [B, T, D]`, `mask: [B, T, S]` -> (`[B, T, D]`, updated cache or None).
 
-        With `cache` (this layer's `[B, S, K, Dh]` pair) the chunk's keys/values
-        are placed at `cache_index` and attention runs over the whole cache; the
-        chunk (`[B, T, K, Dh]`, cache dtype) is returned for the caller to store.
+        With `cache` (the whole stack, a `[L, B, S, K, Dh]` pair) this chunk's
+        keys/values are written in place at `[layer, :, cache_index]` and
+        attention runs over that layer's cache.
         """
         cfg = self.cfg
         dt = cfg.compute_dtype
@@ -107,13 +107,14 @@ class Attention(nnx.Module):
         q = apply_rope(q, positions, cfg.rope_theta)
         k = apply_rope(k, positions, cfg.rope_theta)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
-        chunk = None
         if cache is not None:
             ck, cv = cache
-            chunk = (k.astype(ck.dtype), v.astype(cv.dtype))
-            idx = (0, cache_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(ck, chunk[0], idx).astype(dt)
-            v = jax.lax.dynamic_update_slice(cv, chunk[1], idx).astype(dt)
+            idx = (layer, 0, cache_index, 0, 0)
+            ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], idx)
+            cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], idx)
+            cache = (ck, cv)
+            k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
+            v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
         k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
         q = q.reshape(B, T, K, G, Dh)
         scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
@@ -123,7 +124,7 @@ class Attention(nnx.Module):
         out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, K * G, Dh)
         out = constrain(out, ("batch", "length", "heads", "head_dim"))
         y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd.get_value().astype(dt))
-        return y, chunk
+        return y, cache
 
 
 class MLP(nnx.Module):
@@ -154,11 +155,11 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pd)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, mask, cache=None, cache_index=0):
-        h, chunk = self.attn(self.attn_norm(x), positions, mask, cache, cache_index)
+    def __call__(self, x, positions, mask, cache=None, cache_index=0, layer=0):
+        h, cache = self.attn(self.attn_norm(x), positions, mask, cache, cache_index, layer)
         x = x + h
         x = x + self.mlp(self.mlp_norm(x))
-        return constrain(x, ("batch", "length", "embed")), chunk
+        return constrain(x, ("batch", "length", "embed")), cache
 
 
 def stacked_blocks(cfg: TransformerConfig, rngs: nnx.Rngs) -> Block:
@@ -205,26 +206,17 @@ class Transformer(nnx.Module):
         graphdef, stacked = nnx.split(self.blocks)
 
         def layer(carry, xs):
-            x, ck, cv = carry
+            x, cache = carry
             params, i = xs
             block = nnx.merge(graphdef, params)
-            if ck is None:
-                x, _ = block(x, positions, mask)
-                return (x, ck, cv), None
-            layer_cache = (jax.lax.dynamic_index_in_dim(ck, i, keepdims=False),
-                           jax.lax.dynamic_index_in_dim(cv, i, keepdims=False))  # fmt: skip
-            x, (k, v) = block(x, positions, mask, layer_cache, cache_index)
-            idx = (i, 0, cache_index, 0, 0)
-            ck = jax.lax.dynamic_update_slice(ck, k[None], idx)
-            cv = jax.lax.dynamic_update_slice(cv, v[None], idx)
-            return (x, ck, cv), None
+            x, cache = block(x, positions, mask, cache, cache_index, i)
+            return (x, cache), None
 
         if self.cfg.remat:
             layer = jax.checkpoint(layer)
-        ck, cv = (None, None) if cache is None else cache
         layer_ids = jnp.arange(self.cfg.num_layers)
-        (x, ck, cv), _ = jax.lax.scan(layer, (x, ck, cv), (stacked, layer_ids))
-        return self.final_norm(x), (None if cache is None else (ck, cv))
+        (x, cache), _ = jax.lax.scan(layer, (x, cache), (stacked, layer_ids))
+        return self.final_norm(x), cache
 
     def logits(self, h: jax.Array) -> jax.Array:
         """`[B, T, D] -> [B, T, V]` float32 logits."""
