@@ -70,14 +70,21 @@ def main() -> None:
             FLAGS.seq_len or config.seq_len,
             config.num_micro_batches,
         )  # fmt: skip
-        gib = 1 << 30
-        print(f"mesh                       {r['mesh']} ({r['num_devices']} devices)")
-        print(f"parameters                 {r['num_params']:,}")
-        print(f"per-device params          {r['per_device_param_bytes'] / gib:.3f} GiB")
-        print(f"per-device optimiser       {r['per_device_opt_bytes'] / gib:.3f} GiB")
+
+        def size(n: int) -> str:
+            return f"{n / (1 << 30):.3f} GiB ({n / (1 << 20):,.1f} MiB)"
+
+        rows = [
+            ("mesh", f"{r['mesh']} ({r['num_devices']} devices)"),
+            ("parameters", f"{r['num_params']:,}"),
+            ("per-device params", size(r["per_device_param_bytes"])),
+            ("per-device optimiser", size(r["per_device_opt_bytes"])),
+        ]
         for k in ("argument", "output", "alias", "temp", "generated_code"):
-            print(f"compiled {k + '_size':<18}{r[k + '_size_in_bytes'] / gib:.3f} GiB")
-        print(f"lower {r['lower_s']:.1f} s, compile {r['compile_s']:.1f} s")
+            rows.append((f"compiled {k}_size", size(r[k + "_size_in_bytes"])))
+        rows.append(("lower / compile", f"{r['lower_s']:.1f} s / {r['compile_s']:.1f} s"))
+        for name, value in rows:
+            print(f"{name:<30} {value}")
 
     app.run(run)
 
