@@ -177,3 +177,20 @@ def test_wm_step_same_on_single_device_and_3d_mesh():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4),
                  s1.params, s8.params)  # fmt: skip
     assert s8.params["head_w1"].sharding.spec == P(None, "fsdp", "tensor")
+
+
+def test_logprobs_fn_and_data_parallel_divisibility():
+    from wmrl.models.train_steps import make_logprobs_fn
+
+    mesh = make_mesh((2, 2, 2))
+    tx = optax.sgd(LR)
+    graphdef, state = init_train_state(_factory, tx, mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    b = _batch()
+    logp = make_logprobs_fn(graphdef, shardings, mesh)(state.params, b["tokens"], b["input_mask"])
+    ref = token_logprobs(_factory(), jnp.asarray(b["tokens"]), jnp.asarray(b["input_mask"]))
+    np.testing.assert_allclose(logp, ref, atol=1e-5)
+    small = {k: v[:8] for k, v in b.items()}  # 8 / 2 micro-batches = 4 rows for 4 data ways: ok
+    make_policy_train_step(graphdef, tx, shardings, small, mesh, LOSS, 2)
+    with pytest.raises(ValueError, match=r"micro-batch size 2 .* data\*fsdp=4"):
+        make_policy_train_step(graphdef, tx, shardings, small, mesh, LOSS, 4)

@@ -31,6 +31,7 @@ from wmrl.models.transformer import (
     causal_padding_mask,
     logprobs_from_logits,
     positions_from_mask,
+    token_logprobs,
 )
 from wmrl.models.world_model import wm_loss_fn, wm_normalisers
 
@@ -125,8 +126,14 @@ def make_train_step(
     `num_micro_batches` chunks scanned with `lax.scan`, so peak activation
     memory is that of one micro-batch.
     """
-    _check_batch(example_batch, num_micro_batches)
+    B = _check_batch(example_batch, num_micro_batches)
     M = num_micro_batches
+    data_ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    if (B // M) % data_ways != 0:
+        raise ValueError(
+            f"micro-batch size {B // M} (batch {B} / {M} micro-batches) is not divisible by "
+            f"the data-parallel ways data*fsdp={data_ways} of the mesh"
+        )
     b_shard = batch_shardings(example_batch, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -228,3 +235,21 @@ def make_wm_train_step(
         graphdef, tx, wm_loss_fn(class_coef), wm_normalisers, shardings, example_batch,
         mesh, num_micro_batches,
     )  # fmt: skip
+
+
+def make_logprobs_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
+    """Jitted `(params, tokens, input_mask) -> [B, T]` log-probs (`token_logprobs`) with the
+    train state's parameter shardings: recomputes `old_logp`/`ref_logp` for a batch,
+    e.g. with a frozen copy of the initial params as the reference policy."""
+
+    def fn(params, tokens, input_mask):
+        return token_logprobs(nnx.merge(graphdef, params), tokens, input_mask)
+
+    data = batch_sharding(mesh, 2)
+    jitted = jax.jit(fn, in_shardings=(shardings.params, data, data), out_shardings=data)
+
+    def logprobs(params, tokens, input_mask):
+        with jax.set_mesh(mesh):
+            return jitted(params, tokens, input_mask)
+
+    return logprobs
