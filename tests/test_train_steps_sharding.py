@@ -194,3 +194,18 @@ def test_logprobs_fn_and_data_parallel_divisibility():
     make_policy_train_step(graphdef, tx, shardings, small, mesh, LOSS, 2)
     with pytest.raises(ValueError, match=r"micro-batch size 2 .* data\*fsdp=4"):
         make_policy_train_step(graphdef, tx, shardings, small, mesh, LOSS, 4)
+
+
+def test_sampler_runs_on_sharded_train_state_params():
+    from wmrl.models.sampler import SamplingConfig, generate, sample
+
+    mesh = make_mesh((2, 2, 2))
+    graphdef, state = init_train_state(_factory, optax.sgd(LR), mesh)
+    prompts = jnp.asarray(_batch()["tokens"][:4, :6])
+    pmask = prompts != 0
+    sc = SamplingConfig(max_new_tokens=5, eos_id=-1, num_samples=2, greedy=True)
+    with jax.set_mesh(mesh):
+        out = generate(graphdef, state.params, prompts, pmask, jax.random.key(0), sc, CFG.max_len)
+    ref = sample(_factory(), prompts, pmask, jax.random.key(0), sc)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)

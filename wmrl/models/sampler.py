@@ -179,20 +179,21 @@ def decode(graphdef, params, cache, key_mask, next_logits, next_position, rng, *
     return SampleOutput(final.tokens, final.mask, final.logprobs), final.cache
 
 
-def sample(
-    model: Transformer,
+def generate(
+    graphdef: nnx.GraphDef,
+    params: dict,
     prompts: jax.Array,
     prompt_mask: jax.Array,
     rng: jax.Array,
     sc: SamplingConfig,
+    max_len: int,
 ) -> SampleOutput:
-    """Sample `sc.num_samples` completions per left-padded prompt.
+    """Sample from a policy given as (graphdef, pure-dict params), as a train state holds it.
 
     prompts, prompt_mask: `[B, P]` (left padding; mask True on real tokens).
+    `max_len` is the model's `cfg.max_len`; P + `sc.max_new_tokens` must fit in it.
     """
-    check_prompts(prompts, prompt_mask, model.cfg.max_len, sc.max_new_tokens)
-    graphdef, params = nnx.split(model)
-    params = nnx.to_pure_dict(params)
+    check_prompts(prompts, prompt_mask, max_len, sc.max_new_tokens)
     cache, key_mask, logits, position = prefill(
         graphdef, params, prompts, prompt_mask,
         max_new_tokens=sc.max_new_tokens, num_samples=sc.num_samples,
@@ -201,6 +202,20 @@ def sample(
         graphdef, params, cache, key_mask, logits, position, rng, sc=sc, prompt_len=prompts.shape[1]
     )
     return out
+
+
+def sample(
+    model: Transformer,
+    prompts: jax.Array,
+    prompt_mask: jax.Array,
+    rng: jax.Array,
+    sc: SamplingConfig,
+) -> SampleOutput:
+    """Sample `sc.num_samples` completions per left-padded `[B, P]` prompt from `model`."""
+    graphdef, params = nnx.split(model)
+    return generate(
+        graphdef, nnx.to_pure_dict(params), prompts, prompt_mask, rng, sc, model.cfg.max_len
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
