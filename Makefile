@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-WORKDIR ?= runs/default
+WORKDIR ?= runs/$(notdir $(basename $(CONFIG)))-$(shell date +%Y%m%d-%H%M%S)
 CONFIG ?= configs/bandit.py
 
 .PHONY: setup run test test-slow test-all lint format bench clean

@@ -5,19 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from wmrl.bandits.numpy_reference import pav as pav_reference
 from wmrl.core import debias, grpo
-
-
-def pav_reference(y, w):
-    """Classic stack-based pool-adjacent-violators, written independently in numpy."""
-    blocks = []  # [value, weight, length]
-    for yi, wi in zip(y, w, strict=True):
-        blocks.append([yi, wi, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            v2, w2, n2 = blocks.pop()
-            v1, w1, n1 = blocks.pop()
-            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.concatenate([[v] * n for v, _, n in blocks])
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -180,3 +169,52 @@ def test_diagnostic_and_constant_offsets_cancel_in_groups():
 def test_config_errors_name_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         debias.DebiasConfig(**kwargs)
+
+
+def test_incremental_bins_equal_a_fresh_fit_of_the_window():
+    cfg = debias.DebiasConfig(min_pairs=1, refit_every=1, capacity=37)
+    rng = np.random.default_rng(9)
+    st = debias.init_monotone_map(cfg)
+    upd = jax.jit(lambda s, a, b, v: debias.update_monotone_map(s, a, b, v, cfg))
+    for _ in range(15):
+        x = rng.uniform(-0.1, 1.1, size=8)
+        v = rng.uniform(size=8) < 0.8
+        st = upd(st, jnp.asarray(x), jnp.asarray(x**2), jnp.asarray(v))
+    stored = np.arange(37) < int(st.size)
+    vals, filled = debias.fit_monotone_map(st.wm, st.env, jnp.asarray(stored), cfg)
+    np.testing.assert_array_equal(st.bin_filled, filled)
+    np.testing.assert_allclose(
+        np.asarray(st.bin_values)[filled], np.asarray(vals)[filled], rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("rule", ["window", "ema"])
+def test_batched_keyed_update_equals_sequential_numpy(rule):
+    """The vectorised batch update equals feeding pairs one by one (independent numpy loop)."""
+    K, W, hl = 3, 4, 3.0
+    cfg = debias.DebiasConfig(
+        mode="keyed", num_keys=K, offset_rule=rule, window=W, half_life=hl, min_count=1
+    )
+    rng = np.random.default_rng(11)
+    st = debias.init_debias_state(cfg).keyed
+    buffers = {k: [] for k in range(K)}
+    ema, norm = np.zeros(K), np.zeros(K)
+    d = 0.5 ** (1 / hl)
+    for _ in range(4):
+        n = 9
+        keys = rng.integers(0, K, n)
+        wm, env = rng.normal(size=n), rng.normal(size=n)
+        valid = rng.uniform(size=n) < 0.8
+        st = debias.update_keyed_offsets(
+            st, jnp.asarray(wm), jnp.asarray(env), jnp.asarray(keys), jnp.asarray(valid), cfg
+        )
+        for k, a, b, v in zip(keys, wm, env, valid, strict=True):
+            if v:
+                buffers[k] = (buffers[k] + [a - b])[-W:]
+                ema[k] = d * ema[k] + (1 - d) * (a - b)
+                norm[k] = d * norm[k] + (1 - d)
+    got, _ = debias.keyed_offsets(st, cfg)
+    for k in range(K):
+        if buffers[k]:
+            want = np.mean(buffers[k]) if rule == "window" else ema[k] / norm[k]
+            np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-6)

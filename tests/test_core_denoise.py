@@ -114,3 +114,29 @@ def test_update_is_jittable():
 def test_config_errors_name_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         denoise.DenoiseConfig(**kwargs)
+
+
+def test_batched_update_equals_sequential_numpy():
+    cfg = denoise.DenoiseConfig(half_life=5, warmup_groups=7, target=2.0)
+    rng = np.random.default_rng(5)
+    st = denoise.init_denoise_state()
+    d_ = 0.5 ** (1 / 5)
+    ema = norm = 0.0
+    n, scale, frozen = 0, 0.0, False
+    for _ in range(3):
+        s = rng.normal(size=(4, 5))
+        d = s + rng.normal(size=(4, 5)) * rng.uniform(0.1, 2, size=(4, 1))
+        s[1] = 1.0  # a degenerate group
+        st = denoise.update_denoise(st, jnp.asarray(d), jnp.asarray(s), cfg)
+        for g in range(4):
+            sc = s[g] - s[g].mean()
+            if np.mean(sc**2) <= 1e-8:
+                continue
+            dc = d[g] - d[g].mean()
+            x = np.mean((dc - sc) ** 2) / np.mean(sc**2)
+            ema, norm, n = d_ * ema + (1 - d_) * x, d_ * norm + (1 - d_), n + 1
+            if not frozen and n >= 7:
+                scale, frozen = 1.0 / (ema / norm), True
+    assert int(st.num_groups) == n and bool(st.frozen) == frozen
+    np.testing.assert_allclose(denoise.smoothed_disagreement(st), ema / norm, rtol=1e-5)
+    np.testing.assert_allclose(st.scale, scale, rtol=1e-5)

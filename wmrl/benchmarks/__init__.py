@@ -1,1 +1,1 @@
-"""Runnable benchmarks: each prints a table and writes its figures with `--out=FILE.json`."""
+"""Runnable benchmarks: each prints a table and writes its figures as JSON (`--out`)."""

@@ -85,17 +85,21 @@ class KeyedOffsetState:
     buffer: jax.Array  # [K, W] recent residuals (window rule) or [K, 1] unused (ema rule)
     position: jax.Array  # [K] next write slot in the ring buffer
     count: jax.Array  # [K] pairs seen per key
+    total: jax.Array  # [K] sum of the residuals in each key's window (kept incrementally)
     ema: jax.Array  # [K] un-normalised EMA of the residual
     ema_norm: jax.Array  # [K] EMA of 1 (start-up correction)
 
 
 def init_keyed_offsets(config: DebiasConfig) -> KeyedOffsetState:
-    k = config.num_keys
-    w = config.window if config.offset_rule == "window" else 1
+    # Parts the mode does not use get minimal shapes: the state is carried through every
+    # step of a scan, so dead buffers would still cost memory traffic.
+    k = config.num_keys if config.uses_keyed else 1
+    w = config.window if config.offset_rule == "window" and config.uses_keyed else 1
     return KeyedOffsetState(
         buffer=jnp.zeros((k, w), jnp.float32),
         position=jnp.zeros((k,), jnp.int32),
         count=jnp.zeros((k,), jnp.int32),
+        total=jnp.zeros((k,), jnp.float32),
         ema=jnp.zeros((k,), jnp.float32),
         ema_norm=jnp.zeros((k,), jnp.float32),
     )
@@ -109,38 +113,46 @@ def update_keyed_offsets(
     valid: jax.Array,
     config: DebiasConfig,
 ) -> KeyedOffsetState:
-    """Fold a batch of anchor pairs into the per-key running means (sequentially, in order)."""
+    """Fold a batch of anchor pairs into the per-key running means, in batch order.
+
+    Vectorised (no sequential scan): each valid pair's rank among the earlier valid pairs of its
+    key gives its ring-buffer slot and its EMA discount, so the result equals feeding the pairs
+    one at a time. O(N K) work for N pairs and K keys.
+    """
     decay = math.pow(0.5, 1.0 / config.half_life)
     window = state.buffer.shape[1]
-
-    def step(st: KeyedOffsetState, inp):
-        wm, env, key, ok = inp
-        resid = wm - env
-        okf = ok.astype(jnp.float32)
-        pos = st.position[key]
-        buffer = st.buffer.at[key, pos].set(jnp.where(ok, resid, st.buffer[key, pos]))
-        st = st.replace(
-            buffer=buffer,
-            position=st.position.at[key].add(ok.astype(jnp.int32)) % window,
-            count=st.count.at[key].add(ok.astype(jnp.int32)),
-            ema=st.ema.at[key].set(
-                jnp.where(ok, decay * st.ema[key] + (1 - decay) * resid, st.ema[key])
-            ),
-            ema_norm=st.ema_norm.at[key].add(okf * ((decay - 1) * st.ema_norm[key] + 1 - decay)),
-        )
-        return st, None
-
     keys = jnp.clip(keys.astype(jnp.int32), 0, config.num_keys - 1)
-    state, _ = jax.lax.scan(step, state, (r_wm, r_env, keys, jnp.asarray(valid, bool)))
-    return state
+    valid = jnp.asarray(valid, bool)
+    resid = (r_wm - r_env).astype(jnp.float32)
+    onehot = jax.nn.one_hot(keys, config.num_keys, dtype=jnp.int32) * valid[:, None]
+    onehot_f = onehot.astype(jnp.float32)  # per-key sums as dense products (no scatter-add)
+    n_new = onehot.sum(axis=0)  # [K]
+    rank = jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - onehot, keys[:, None], axis=1)[:, 0]
+    # Only the last `window` pairs of a key survive this batch; earlier ones would be overwritten.
+    write = valid & (rank >= n_new[keys] - window)
+    slot = (state.position[keys] + rank) % window
+    # A written slot evicts its previous occupant when the key's window was already that full.
+    evict = write & (state.count[keys] + rank >= window)
+    delta = jnp.where(write, resid, 0.0) - jnp.where(evict, state.buffer[keys, slot], 0.0)
+    buffer = state.buffer.at[jnp.where(write, keys, config.num_keys), slot].set(resid, mode="drop")
+    # EMA: pair i of key k is discounted by decay^(later pairs of k in this batch).
+    later = n_new[keys] - rank - 1
+    w = jnp.where(valid, (1 - decay) * decay ** later.astype(jnp.float32), 0.0)
+    keep = decay ** n_new.astype(jnp.float32)
+    return state.replace(
+        buffer=buffer,
+        position=(state.position + n_new) % window,
+        count=state.count + n_new,
+        total=state.total + delta @ onehot_f,
+        ema=keep * state.ema + (w * resid) @ onehot_f,
+        ema_norm=keep * state.ema_norm + w @ onehot_f,
+    )
 
 
 def keyed_offsets(state: KeyedOffsetState, config: DebiasConfig) -> tuple[jax.Array, jax.Array]:
     """Current per-key offsets [K] and whether each key is ready (count >= min_count)."""
     if config.offset_rule == "window":
-        n = jnp.minimum(state.count, state.buffer.shape[1])
-        slots = jnp.arange(state.buffer.shape[1])[None, :] < n[:, None]
-        offset = jnp.where(slots, state.buffer, 0.0).sum(axis=1) / jnp.maximum(n, 1)
+        offset = state.total / jnp.maximum(jnp.minimum(state.count, state.buffer.shape[1]), 1)
     else:
         offset = state.ema / jnp.maximum(state.ema_norm, 1e-12)
     ready = state.count >= max(config.min_count, 1)
@@ -158,12 +170,15 @@ class MonotoneMapState:
     size: jax.Array  # pairs currently stored (<= C)
     since_fit: jax.Array  # pairs added since the last fit
     fitted: jax.Array  # bool: map active
-    bin_values: jax.Array  # [num_bins] isotonic bin values
+    bin_count: jax.Array  # [num_bins] pairs of the window in each bin (kept incrementally)
+    bin_sum: jax.Array  # [num_bins] sum of r_env of those pairs
+    bin_values: jax.Array  # [num_bins] isotonic bin values at the last fit
     bin_filled: jax.Array  # [num_bins] bool: bin had data at the last fit
 
 
 def init_monotone_map(config: DebiasConfig) -> MonotoneMapState:
-    c, nb = config.capacity, config.num_bins
+    c = config.capacity if config.uses_monotone else 1
+    nb = config.num_bins
     return MonotoneMapState(
         wm=jnp.zeros((c,), jnp.float32),
         env=jnp.zeros((c,), jnp.float32),
@@ -171,6 +186,8 @@ def init_monotone_map(config: DebiasConfig) -> MonotoneMapState:
         size=jnp.zeros((), jnp.int32),
         since_fit=jnp.zeros((), jnp.int32),
         fitted=jnp.zeros((), bool),
+        bin_count=jnp.zeros((nb,), jnp.float32),
+        bin_sum=jnp.zeros((nb,), jnp.float32),
         bin_values=jnp.zeros((nb,), jnp.float32),
         bin_filled=jnp.zeros((nb,), bool),
     )
@@ -206,14 +223,24 @@ def weighted_isotonic(values: jax.Array, weights: jax.Array) -> jax.Array:
     return jnp.max(inner, axis=0)
 
 
-def fit_monotone_map(wm: jax.Array, env: jax.Array, valid: jax.Array, config: DebiasConfig):
-    """Binned isotonic fit of E[r_env | r_wm] from pairs. Returns (bin_values, bin_filled)."""
+def bin_index(r: jax.Array, config: DebiasConfig) -> jax.Array:
+    """Equal-width bin of each score; scores outside the range fall in the end bins."""
     lo, hi = config.reward_range
     nb = config.num_bins
-    idx = jnp.clip(jnp.floor((wm - lo) / (hi - lo) * nb).astype(jnp.int32), 0, nb - 1)
+    return jnp.clip(jnp.floor((r - lo) / (hi - lo) * nb).astype(jnp.int32), 0, nb - 1)
+
+
+def fit_monotone_map(wm: jax.Array, env: jax.Array, valid: jax.Array, config: DebiasConfig):
+    """Binned isotonic fit of E[r_env | r_wm] from pairs. Returns (bin_values, bin_filled)."""
+    idx = bin_index(wm, config)
     w = jnp.asarray(valid, jnp.float32)
-    counts = jnp.zeros(nb).at[idx].add(w)
-    sums = jnp.zeros(nb).at[idx].add(w * env)
+    counts = jnp.zeros(config.num_bins).at[idx].add(w)
+    sums = jnp.zeros(config.num_bins).at[idx].add(w * env)
+    return fit_from_bins(counts, sums)
+
+
+def fit_from_bins(counts: jax.Array, sums: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Pool-adjacent-violators over the bin means, weighted by the bin counts."""
     means = sums / jnp.maximum(counts, 1.0)
     return weighted_isotonic(means, counts), counts > 0
 
@@ -245,33 +272,47 @@ def update_monotone_map(
     valid: jax.Array,
     config: DebiasConfig,
 ) -> MonotoneMapState:
-    """Append a batch of pairs to the FIFO window, then refit when due."""
+    """Append a batch of pairs to the FIFO window, then refit when due.
+
+    The window's per-bin counts and sums are kept incrementally (add the new pairs, subtract
+    the ones they evict), so a refit costs O(num_bins^2) instead of a pass over the window.
+    That keeps the estimator cheap enough to run inside a `vmap` over thousands of seeds.
+    """
     cap = config.capacity
     valid = jnp.asarray(valid, bool)
     if r_wm.shape[0] > cap:
         raise ValueError(f"a batch of {r_wm.shape[0]} pairs exceeds debias.capacity={cap}")
+    r_wm = r_wm.astype(jnp.float32)
+    r_env = r_env.astype(jnp.float32)
     offsets = jnp.cumsum(valid.astype(jnp.int32)) - 1
-    slots = jnp.where(valid, (state.position + offsets) % cap, cap)  # cap = dropped
+    slots = (state.position + offsets) % cap
+    evicted = valid & ((state.size == cap) | (slots < state.size))
+    old_bins = bin_index(state.wm[slots], config)
+    new_bins = bin_index(r_wm, config)
+    vf, ef = valid.astype(jnp.float32), evicted.astype(jnp.float32)
+    bin_count = state.bin_count.at[new_bins].add(vf).at[old_bins].add(-ef)
+    bin_sum = state.bin_sum.at[new_bins].add(vf * r_env).at[old_bins].add(-ef * state.env[slots])
+    write = jnp.where(valid, slots, cap)  # index cap = dropped
     added = valid.sum().astype(jnp.int32)
     state = state.replace(
-        wm=state.wm.at[slots].set(r_wm.astype(jnp.float32), mode="drop"),
-        env=state.env.at[slots].set(r_env.astype(jnp.float32), mode="drop"),
+        wm=state.wm.at[write].set(r_wm, mode="drop"),
+        env=state.env.at[write].set(r_env, mode="drop"),
         position=(state.position + added) % cap,
         size=jnp.minimum(state.size + added, cap),
         since_fit=state.since_fit + added,
+        bin_count=bin_count,
+        bin_sum=bin_sum,
     )
     due = (state.size >= max(config.min_pairs, 1)) & (
         (~state.fitted) | (state.since_fit >= config.refit_every)
     )
-
-    def refit(st: MonotoneMapState) -> MonotoneMapState:
-        stored = jnp.arange(cap) < st.size
-        values, filled = fit_monotone_map(st.wm, st.env, stored, config)
-        return st.replace(
-            bin_values=values, bin_filled=filled, fitted=jnp.asarray(True), since_fit=0 * added
-        )
-
-    return jax.lax.cond(due, refit, lambda st: st, state)
+    values, filled = fit_from_bins(state.bin_count, state.bin_sum)
+    return state.replace(
+        bin_values=jnp.where(due, values, state.bin_values),
+        bin_filled=jnp.where(due, filled, state.bin_filled),
+        fitted=state.fitted | due,
+        since_fit=jnp.where(due, 0, state.since_fit),
+    )
 
 
 # ----------------------------------------------------------------------------- the estimator

@@ -160,24 +160,30 @@ def update_denoise(
     if group_mask is not None:
         valid = valid & jnp.asarray(group_mask, bool)
     decay = config.decay
-
-    def step(st: DenoiseState, inp):
-        x, ok = inp
-        ema = jnp.where(ok, decay * st.ema + (1 - decay) * x, st.ema)
-        norm = jnp.where(ok, decay * st.ema_norm + (1 - decay), st.ema_norm)
-        n = st.num_groups + ok.astype(jnp.int32)
-        st = st.replace(ema=ema, ema_norm=norm, num_groups=n)
-        s2_hat = smoothed_disagreement(st)
-        freeze_now = (~st.frozen) & (n >= config.warmup_groups)
-        scale = jnp.where(
-            freeze_now,
-            jnp.where(s2_hat > 0, (config.target - 1.0) / jnp.maximum(s2_hat, 1e-12), 0.0),
-            st.scale,
-        )
-        return st.replace(scale=scale, frozen=st.frozen | freeze_now), None
-
-    state, _ = jax.lax.scan(step, state, (s2, valid))
-    return state
+    # Vectorised equivalent of feeding the groups one at a time: with c_j = number of valid
+    # groups up to j, the EMA after group j is decay^c_j * ema0 + sum_{i<=j} P[j, i] x_i.
+    c = jnp.cumsum(valid.astype(jnp.int32))
+    vf = valid.astype(jnp.float32)
+    lower = jnp.tril(jnp.ones((c.shape[0], c.shape[0]), bool))
+    expo = (c[:, None] - c[None, :]).astype(jnp.float32)
+    P = jnp.where(lower, (1 - decay) * vf[None, :] * decay**expo, 0.0)
+    keep = decay ** c.astype(jnp.float32)
+    ema_j = keep * state.ema + P @ s2
+    norm_j = keep * state.ema_norm + P.sum(axis=1)
+    n_j = state.num_groups + c
+    # Freeze c at the first valid group that completes the warm-up.
+    crossing = valid & (n_j >= config.warmup_groups) & (~state.frozen)
+    any_crossing = crossing.any()
+    j = jnp.argmax(crossing)
+    s2_hat = ema_j[j] / jnp.maximum(norm_j[j], 1e-12)
+    scale = jnp.where(s2_hat > 0, (config.target - 1.0) / jnp.maximum(s2_hat, 1e-12), 0.0)
+    return DenoiseState(
+        ema=ema_j[-1],
+        ema_norm=norm_j[-1],
+        num_groups=n_j[-1],
+        scale=jnp.where(any_crossing, scale, state.scale),
+        frozen=state.frozen | any_crossing,
+    )
 
 
 def anchor_weight(state: DenoiseState, config: DenoiseConfig) -> jax.Array:

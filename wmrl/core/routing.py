@@ -43,6 +43,23 @@ def num_anchor_groups(num_groups: int, free_capacity: jax.Array | int, config: R
     return jnp.clip(jnp.minimum(want, free_capacity), 0, num_groups).astype(jnp.int32)
 
 
+def _ranks(priority: jax.Array) -> jax.Array:
+    """Rank of each entry in ascending order, ties broken by index (0 = smallest).
+
+    Pairwise comparisons for the small group counts of a step (no sort: sorting is a slow
+    custom call on CPU, and this runs inside a vmap over thousands of bandit seeds).
+    """
+    n = priority.shape[0]
+    if n > 512:
+        order = jnp.argsort(priority, stable=True)
+        return jnp.zeros(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+    idx = jnp.arange(n)
+    before = (priority[None, :] < priority[:, None]) | (
+        (priority[None, :] == priority[:, None]) & (idx[None, :] < idx[:, None])
+    )
+    return before.sum(axis=1).astype(jnp.int32)
+
+
 def route_anchors(
     rng: jax.Array,
     num_groups: int,
@@ -71,17 +88,13 @@ def route_anchors(
             raise ValueError("routing.uncertainty_share > 0 needs the groups' WM variance")
         n_unc = jnp.floor(config.uncertainty_share * n + 0.5).astype(jnp.int32)
         # Rank by variance (descending); ties broken by index for determinism.
-        order = jnp.argsort(-group_variance, stable=True)
-        rank = jnp.zeros(num_groups, jnp.int32).at[order].set(jnp.arange(num_groups))
-        by_unc = rank < n_unc
+        by_unc = _ranks(-group_variance) < n_unc
     else:
         n_unc = jnp.zeros((), jnp.int32)
         by_unc = jnp.zeros(num_groups, bool)
     # Uniform draw among the groups uncertainty did not take: random priorities, the
     # (n - n_unc) smallest win.
     priority = jnp.where(by_unc, jnp.inf, jax.random.uniform(rng, (num_groups,)))
-    order = jnp.argsort(priority)
-    rank = jnp.zeros(num_groups, jnp.int32).at[order].set(jnp.arange(num_groups))
-    by_uniform = (~by_unc) & (rank < n - n_unc)
+    by_uniform = (~by_unc) & (_ranks(priority) < n - n_unc)
     picked = jnp.where(by_unc, UNCERTAINTY, jnp.where(by_uniform, UNIFORM, NOT_ANCHOR))
     return by_unc | by_uniform, picked.astype(jnp.int32)

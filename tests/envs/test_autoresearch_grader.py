@@ -1,0 +1,166 @@
+"""Metrics and the reward ladder against hand-computed numbers; submission checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from autoresearch_fixtures import make_tiny_task
+from sklearn import metrics as skm
+
+from wmrl.envs.autoresearch import metrics
+from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
+from wmrl.envs.autoresearch.task import load_task
+
+
+def test_metrics_hand_numbers():
+    assert metrics.accuracy(np.array([1, 0, 1, 1]), np.array([1, 1, 1, 0])) == 0.5
+    # class a: tp=1 fp=1 fn=0 -> 2/3; class b: tp=1 fp=0 fn=1 -> 2/3; class c: tp=0 fp=0 fn=0
+    # (absent) -> mean 2/3
+    assert metrics.f1_macro(np.array(["a", "b", "b"]), np.array(["a", "a", "b"])) == pytest.approx(
+        2 / 3
+    )
+    # positives {0.8, 0.4}, negatives {0.6, 0.2}: pairs won 3 of 4 -> 0.75
+    assert metrics.roc_auc(np.array([1, 1, 0, 0]), np.array([0.8, 0.4, 0.6, 0.2])) == 0.75
+    # a tie between a positive and a negative counts half: 0.5
+    assert metrics.roc_auc(np.array([1, 0]), np.array([0.3, 0.3])) == 0.5
+    assert metrics.rmse(np.array([1.0, 2.0]), np.array([2.0, 4.0])) == pytest.approx(math.sqrt(2.5))
+    assert metrics.mae(np.array([1.0, 2.0]), np.array([2.0, 4.0])) == 1.5
+    # y mean 2, ss_tot = 2, ss_res = 0.5 -> 0.75
+    assert metrics.r2(np.array([1.0, 2.0, 3.0]), np.array([1.5, 2.0, 2.5])) == 0.75
+
+
+def test_metrics_agree_with_sklearn_on_random_data():
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, 200)
+    p = rng.integers(0, 3, 200)
+    assert metrics.f1_macro(y, p) == pytest.approx(skm.f1_score(y, p, average="macro"))
+    yb = rng.integers(0, 2, 300)
+    s = np.round(rng.random(300), 1)  # many ties
+    assert metrics.roc_auc(yb, s) == pytest.approx(skm.roc_auc_score(yb, s))
+    a, b = rng.normal(size=50), rng.normal(size=50)
+    assert metrics.r2(a, b) == pytest.approx(skm.r2_score(a, b))
+    assert metrics.rmse(a, b) == pytest.approx(math.sqrt(skm.mean_squared_error(a, b)))
+
+
+def test_percentile_respects_direction_and_ties():
+    refs = [0.5, 0.7, 0.9]
+    assert metrics.percentile(0.95, refs, True) == 1.0
+    assert metrics.percentile(0.1, refs, True) == 0.0
+    assert metrics.percentile(0.7, refs, True) == pytest.approx(1.5 / 3)
+    assert metrics.percentile(0.8, refs, True) == pytest.approx(2 / 3)
+    # lower is better (rmse): 0.6 beats 0.7 and 0.9
+    assert metrics.percentile(0.6, refs, False) == pytest.approx(2 / 3)
+    assert metrics.percentile(0.3, [], True) == 0.5
+
+
+def test_reward_ladder():
+    assert reward(Status.MALFORMED) == 0.0
+    assert reward(Status.RUNTIME_ERROR) == 0.1
+    assert reward(Status.TIMEOUT) == 0.1
+    assert reward(Status.NO_SUBMISSION) == 0.2
+    assert reward(Status.INVALID_SUBMISSION) == 0.2
+    assert reward(Status.VALID, 0.0) == 0.5
+    assert reward(Status.VALID, 0.5) == 0.75
+    assert reward(Status.VALID, 1.0) == 1.0
+    assert math.isnan(reward(Status.UNGRADED))
+    with pytest.raises(ValueError):
+        reward(Status.VALID, None)
+    assert [int(s) for s in Status] == list(range(7))
+
+
+def test_check_script():
+    assert check_script(b"print(1)\n") is None
+    assert "UTF-8" in check_script(b"\xff\xfe")
+    assert "SyntaxError" in check_script(b"def f(:\n")
+    assert check_script(b"   \n") == "empty script"
+    assert "null bytes" in check_script(b"x = 1\x00\n")
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return make_tiny_task(tmp_path_factory.mktemp("g") / "tiny")
+
+
+def _write(tmp_path, df: pd.DataFrame, name="sub.csv"):
+    path = tmp_path / name
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_grade_valid_submission_by_hand(task, tmp_path):
+    labels = pd.read_csv(task.labels_path)
+    sub = labels.copy()
+    flip = sub.index[:4]  # four wrong answers out of 30
+    sub.loc[flip, "label"] = sub.loc[flip, "label"].map({"yes": "no", "no": "yes"})
+    sub = sub.iloc[::-1]  # row order must not matter
+    g = grade_submission(task, _write(tmp_path, sub))
+    assert len(labels) == 30
+    assert g.status == Status.VALID
+    assert g.score == pytest.approx(26 / 30)
+    assert g.percentile == pytest.approx(2 / 3)  # beats 0.5 and 0.7, loses to 0.9
+    assert g.reward == pytest.approx(0.5 + 0.5 * g.percentile)
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda d: d.drop(columns=["label"]), "lacks column"),
+        (lambda d: d.rename(columns={"id": "ID"}), "lacks column"),
+        (lambda d: d.iloc[:-1], "rows"),
+        (lambda d: d.assign(id=d["id"].iloc[0]), "duplicate"),
+        (lambda d: d.assign(id=d["id"] + 10_000), "ids do not match"),
+        (lambda d: d.assign(label="maybe"), "unknown class"),
+        (lambda d: d.assign(label=""), "empty"),
+    ],
+)
+def test_grade_invalid_submissions(task, tmp_path, mutate, needle):
+    labels = pd.read_csv(task.labels_path)
+    g = grade_submission(task, _write(tmp_path, mutate(labels)))
+    assert g.status == Status.INVALID_SUBMISSION
+    assert needle in g.detail
+    assert g.reward == 0.2
+
+
+def test_grade_missing_and_unparseable(task, tmp_path):
+    assert grade_submission(task, tmp_path / "nope.csv").status == Status.NO_SUBMISSION
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"\x00\x01\x02")
+    assert grade_submission(task, bad).status == Status.INVALID_SUBMISSION
+
+
+def test_float_ids_and_regression_nan(tmp_path):
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"x": rng.normal(size=60)})
+    df["y"] = 2 * df["x"] + 1
+    from wmrl.envs.autoresearch.make_task import write_task
+
+    out = write_task(df, tmp_path / "reg", task_id="reg", target="y", metric="rmse")
+    task = load_task(out)
+    labels = pd.read_csv(task.labels_path)
+    sub = labels.assign(id=labels["id"].astype(float), y=labels["y"] + 1.0)
+    g = grade_submission(task, _write(tmp_path, sub))
+    assert g.status == Status.VALID and g.score == pytest.approx(1.0)
+    assert g.percentile == 0.5  # empty leaderboard
+    sub.loc[sub.index[0], "y"] = np.nan
+    assert grade_submission(task, _write(tmp_path, sub)).status == Status.INVALID_SUBMISSION
+
+
+def test_auc_submission_scores_probabilities(tmp_path):
+    from autoresearch_fixtures import tiny_classification_df
+
+    from wmrl.envs.autoresearch.make_task import write_task
+
+    out = write_task(
+        tiny_classification_df(), tmp_path / "auc", task_id="auc", target="label", metric="roc_auc"
+    )
+    task = load_task(out)
+    (out / "leaderboard.json").write_text(json.dumps({"scores": [0.6]}))
+    task = load_task(out)
+    labels = pd.read_csv(task.labels_path)
+    assert set(labels["label"]) == {0, 1}  # "no" < "yes": yes is class 1
+    g = grade_submission(task, _write(tmp_path, labels.assign(label=labels["label"] * 0.9)))
+    assert g.status == Status.VALID and g.score == 1.0 and g.percentile == 1.0

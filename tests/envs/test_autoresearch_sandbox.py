@@ -1,0 +1,484 @@
+"""Adversarial scripts, run for real through the pool.
+
+Every case checks: the right status, no process left under a sandbox uid,
+nothing written outside the execution's temp dir, and that the pool still
+returns the exact, independently computed score for an honest script after.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+import uuid
+
+import pytest
+from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
+
+from wmrl.envs.autoresearch import cgroups, linux, sandbox
+from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.pool import SandboxPool
+
+pytestmark = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="Linux sandbox")
+
+
+def sandbox_pids() -> list[int]:
+    """Live processes owned by any sandbox uid (zombies excluded)."""
+    lo, hi = sandbox.UID_BASE, sandbox.UID_BASE + sandbox.UID_BLOCK * sandbox.UID_BLOCKS
+    return linux.live_pids_with_uid(lo, hi)
+
+
+def wait_no_sandbox_pids(timeout: float = 3.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while sandbox_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sandbox_pids()
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return make_tiny_task(tmp_path_factory.mktemp("tasks") / "tiny", time_limit_s=3.0)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    with SandboxPool(
+        num_workers=2,
+        workroot=str(tmp_path_factory.mktemp("work")),
+        disk_mb=64,
+        fsize_mb=48,
+        submission_mb=16,
+    ) as p:
+        yield p
+
+
+def skip_if_unprotected(pool, what: str) -> None:
+    """rlimits mode as non-root shares our uid: these attacks would really hit the host."""
+    if not pool.isolation.startswith("namespaces") and os.geteuid() != 0:
+        pytest.skip(f"rlimits as non-root does not protect against {what} (documented)")
+
+
+def check_clean(pool, task):
+    """No stray process, empty work root, and an honest script still scores exactly."""
+    assert wait_no_sandbox_pids() == []
+    assert os.listdir(pool._workroot) == []
+    r = pool.run(task, GOOD_SCRIPT)
+    assert r.status == Status.VALID, r
+    assert r.score == pytest.approx(good_script_score(task))
+
+
+def run(pool, task, body: str):
+    return pool.run(task, textwrap.dedent(body))
+
+
+def test_honest_script_is_graded_exactly(pool, task):
+    r = pool.run(task, GOOD_SCRIPT)
+    assert r.status == Status.VALID
+    assert r.isolation == sandbox.detect_isolation()
+    expected = good_script_score(task)
+    assert r.score == pytest.approx(expected)
+    assert r.reward == pytest.approx(0.5 + 0.5 * r.percentile)
+
+
+def test_fork_bomb(pool, task):
+    r = run(
+        pool,
+        task,
+        """
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+    """,
+    )
+    assert r.status == Status.TIMEOUT
+    check_clean(pool, task)
+
+
+def test_memory_bomb(pool, task):
+    r = run(
+        pool,
+        task,
+        """
+        chunks = []
+        while True:
+            chunks.append(bytearray(50 * 2**20))
+    """,
+    )
+    assert r.status == Status.RUNTIME_ERROR
+    assert "MemoryError" in r.stderr_tail
+    check_clean(pool, task)
+
+
+def test_memory_bomb_across_processes(pool, task):
+    """Each child stays under its own address-space limit; together they exceed the task's."""
+    r = run(
+        pool,
+        task,
+        """
+        import os, time
+        kids = []
+        for _ in range(6):
+            pid = os.fork()
+            if pid == 0:
+                block = b"x" * (300 * 2**20)  # 300 MB, touched
+                time.sleep(30)
+                os._exit(0)
+            kids.append(pid)
+        for pid in kids:
+            os.waitpid(pid, 0)
+        print("all children survived")
+    """,
+    )
+    if "+cgroup" not in r.isolation:
+        pytest.skip("no cgroups on this host: only per-process limits apply")
+    assert r.status == Status.RUNTIME_ERROR, r
+    assert "memory limit" in r.detail
+    assert "all children survived" not in r.stdout_tail
+    check_clean(pool, task)
+
+
+def test_cpu_spin_and_sleep_forever(pool, task):
+    futs = pool.submit_batch(
+        [(task, "while True:\n    pass\n"), (task, "import time\ntime.sleep(10**6)\n")]
+    )
+    for f in futs:
+        r = f.result()
+        assert r.status == Status.TIMEOUT
+        assert r.runtime_s < task.time_limit_s + 1.0
+    check_clean(pool, task)
+
+
+def test_write_outside_working_dir(pool, task, tmp_path):
+    marker = f"escape-{uuid.uuid4().hex}"
+    targets = [
+        f"/tmp/{marker}",
+        str(tmp_path / marker),
+        str(task.root / marker),
+        str(task.public_dir / marker),
+        f"{pool._workroot}/{marker}",
+    ]
+    r = run(
+        pool,
+        task,
+        f"""
+        import os
+        ok = 0
+        for path in {targets!r}:
+            try:
+                with open(path, "w") as f:
+                    f.write("x")
+                ok += 1
+            except OSError:
+                pass
+        print("wrote", ok)
+    """,
+    )
+    assert r.status == Status.NO_SUBMISSION
+    for path in targets:
+        assert not os.path.exists(path), path
+    check_clean(pool, task)
+
+
+def test_read_labels_by_path(pool, task):
+    r = run(
+        pool,
+        task,
+        f"""
+        import os, shutil
+        shutil.copy({str(task.labels_path)!r}, os.environ["SUBMISSION_PATH"])
+    """,
+    )
+    assert r.status == Status.RUNTIME_ERROR
+    assert r.score is None
+    check_clean(pool, task)
+
+
+def test_read_labels_by_walking_the_filesystem(pool, task):
+    r = run(
+        pool,
+        task,
+        """
+        import os, shutil
+        # System trees are skipped only to stay inside the time limit.
+        SKIP = {"proc", "sys", "usr", "site-packages", "lib", "lib64", "python3.11", "dev"}
+        found = []
+        for root, dirs, files in os.walk("/"):
+            dirs[:] = [d for d in dirs if d not in SKIP]
+            if "test_labels.csv" in files:
+                found.append(os.path.join(root, "test_labels.csv"))
+        print("found", len(found))
+        for path in found:
+            try:
+                shutil.copy(path, os.environ["SUBMISSION_PATH"])
+                break
+            except OSError:
+                pass
+    """,
+    )
+    if r.isolation.startswith("namespaces"):
+        assert "found 0" in r.stdout_tail
+    assert r.status != Status.VALID or r.score < 0.9
+    check_clean(pool, task)
+
+
+def test_network_connection(pool, task):
+    r = run(
+        pool,
+        task,
+        """
+        import socket
+        for host in [("1.1.1.1", 53), ("127.0.0.1", 22), ("8.8.8.8", 443)]:
+            try:
+                socket.create_connection(host, timeout=1).close()
+                print("connected", host)
+            except OSError as e:
+                print("blocked", host, e)
+    """,
+    )
+    assert r.status == Status.NO_SUBMISSION
+    if r.isolation.startswith("namespaces"):
+        assert "connected" not in r.stdout_tail
+        assert r.stdout_tail.count("blocked") == 3
+    check_clean(pool, task)
+
+
+def test_kill_the_parent(pool, task):
+    skip_if_unprotected(pool, "killing the parent")
+    host = [os.getpid(), pool._template.proc.pid]  # the pool and its template, from outside
+    r = run(
+        pool,
+        task,
+        f"""
+        import os, signal
+        for pid in [os.getppid(), 1, *{host!r}]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                print("signalled", pid)
+            except OSError as e:
+                print("denied", pid, e)
+        print("alive")
+        print("visible", sum(e.isdigit() for e in os.listdir("/proc")))
+    """,
+    )
+    assert r.status == Status.NO_SUBMISSION and r.attempts == 1, r
+    assert "alive" in r.stdout_tail  # kills aimed at its own namespace's init are ignored
+    for pid in host:
+        assert f"denied {pid}" in r.stdout_tail
+    if r.isolation.startswith("namespaces"):
+        assert "visible 1\n" in r.stdout_tail  # a private PID space: only itself
+    assert pool._template.alive()
+    check_clean(pool, task)
+
+
+def test_double_fork_daemon_is_reaped(pool, task):
+    skip_if_unprotected(pool, "setsid daemons")
+    r = run(
+        pool,
+        task,
+        """
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(1000)
+            os._exit(0)
+        print("parent exits")
+    """,
+    )
+    assert r.status == Status.NO_SUBMISSION
+    assert sandbox_pids() == []
+    check_clean(pool, task)
+
+
+def test_one_gigabyte_to_stdout(pool, task):
+    r = run(
+        pool,
+        task,
+        """
+        import sys
+        chunk = b"x" * 2**20
+        for _ in range(1024):
+            sys.stdout.buffer.write(chunk)
+    """,
+    )
+    assert r.status in (Status.NO_SUBMISSION, Status.TIMEOUT)
+    assert len(r.stdout_tail) <= 2000
+    check_clean(pool, task)
+
+
+def test_fill_the_disk(pool, task):
+    before = os.statvfs("/")
+    r = run(
+        pool,
+        task,
+        """
+        import os
+        i = 0
+        while True:
+            with open(f"fill{i}.bin", "wb") as f:
+                f.write(b"0" * 2**20 * 8)
+            i += 1
+    """,
+    )
+    assert r.status == Status.RUNTIME_ERROR
+    assert "No space left" in r.stderr_tail or "File too large" in r.stderr_tail
+    after = os.statvfs("/")
+    assert (before.f_bavail - after.f_bavail) * after.f_frsize < 64 * 2**20
+    check_clean(pool, task)
+
+
+def test_binary_garbage_and_non_utf8(pool, task):
+    garbage = bytes(range(256)) * 8
+    non_utf8 = b"# caf\xe9\nprint('hi')\n"
+    for src in (garbage, non_utf8, b"", b"def f(:\n"):
+        r = pool.run(task, src)
+        assert r.status == Status.MALFORMED
+        assert r.reward == 0.0
+    check_clean(pool, task)
+
+
+def test_raise_own_limits(pool, task):
+    r = run(
+        pool,
+        task,
+        """
+        import os, resource
+        for res in (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_NPROC):
+            try:
+                resource.setrlimit(res, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+                print("raised", res)
+            except (ValueError, OSError) as e:
+                print("denied", res)
+        try:
+            os.setuid(0)
+            print("raised uid")
+        except OSError:
+            print("denied uid")
+    """,
+    )
+    assert r.status == Status.NO_SUBMISSION
+    assert "raised" not in r.stdout_tail
+    assert r.stdout_tail.count("denied") == 4
+    check_clean(pool, task)
+
+
+def test_wrong_shape_submission_and_exit_codes(pool, task):
+    r = run(
+        pool,
+        task,
+        """
+        import os
+        open(os.environ["SUBMISSION_PATH"], "w").write("id,label\\n0,yes\\n")
+    """,
+    )
+    assert r.status == Status.INVALID_SUBMISSION
+    assert "rows" in r.detail
+    r = run(
+        pool,
+        task,
+        """
+        import os
+        with open(os.environ["SUBMISSION_PATH"], "w") as f:
+            f.write("id,label\\n" + "0,yes\\n" * 4_000_000)  # ~28 MB: over the 16 MB cap
+    """,
+    )
+    assert r.status == Status.INVALID_SUBMISSION and "larger than" in r.detail
+    r = run(pool, task, "import sys\nsys.exit(3)\n")
+    assert r.status == Status.RUNTIME_ERROR
+    r = run(pool, task, "import sys\nsys.exit(0)\n")
+    assert r.status == Status.NO_SUBMISSION
+
+
+def test_symlinked_submission_to_labels_is_not_followed(pool, task):
+    r = run(
+        pool,
+        task,
+        f"""
+        import os
+        os.symlink({str(task.labels_path)!r}, os.environ["SUBMISSION_PATH"])
+    """,
+    )
+    assert r.status == Status.NO_SUBMISSION
+    check_clean(pool, task)
+
+
+def test_free_slots_and_async_batch(pool, task):
+    assert pool.free_slots() == 2
+    futs = pool.submit_batch([(task, "import time\ntime.sleep(0.5)\n")] * 3)
+    assert pool.free_slots() == 0
+    done = [f.result().status for f in pool.as_completed(futs)]
+    assert done == [Status.NO_SUBMISSION] * 3
+    assert pool.free_slots() == 2
+
+
+def test_rlimits_fallback_contains_basic_attacks(task):
+    with SandboxPool(num_workers=1, isolation="rlimits") as p:
+        assert p.isolation.startswith("rlimits")
+        r = p.run(task, "import time\ntime.sleep(10**6)\n")
+        assert r.status == Status.TIMEOUT and r.isolation == p.isolation
+        if os.geteuid() == 0:  # as non-root a setsid daemon would escape (documented)
+            r = p.run(
+                task,
+                textwrap.dedent("""
+                import os, time
+                if os.fork() == 0:
+                    os.setsid()
+                    if os.fork() == 0:
+                        time.sleep(1000)
+                    os._exit(0)
+            """),
+            )
+            assert r.status == Status.NO_SUBMISSION
+            assert wait_no_sandbox_pids() == []
+            r = p.run(
+                task,
+                f"import shutil, os\nshutil.copy({str(task.labels_path)!r}, "
+                "os.environ['SUBMISSION_PATH'])\n",
+            )
+            assert r.status == Status.RUNTIME_ERROR
+        r = p.run(task, GOOD_SCRIPT)
+        assert r.status == Status.VALID
+        assert r.score == pytest.approx(good_script_score(task))
+
+
+def test_infrastructure_failure_is_retried_then_ungraded(task):
+    with SandboxPool(num_workers=1) as p:
+        fut = p.submit(task, "import time\ntime.sleep(1)\n")
+        time.sleep(0.5)
+        p._template.proc.kill()  # the sandbox machinery dies mid-run
+        r = fut.result()
+        assert r.status == Status.NO_SUBMISSION and r.attempts == 2
+        os.rmdir(p._workroot)  # now every attempt fails before the script runs
+        r = p.run(task, GOOD_SCRIPT)
+        assert r.status == Status.UNGRADED and r.attempts == 2
+        assert r.reward != r.reward  # NaN: masked, never scored 0
+        os.makedirs(p._workroot)
+        assert p.run(task, GOOD_SCRIPT).status == Status.VALID
+    assert wait_no_sandbox_pids() == []
+    for controller in ("memory", "pids"):  # the killed supervisor's cgroup was removed too
+        own = cgroups._own_dir(controller)
+        assert own is None or not list(own.glob("wmrl-*"))
+
+
+def test_fresh_interpreter_mode_gives_the_same_results(task):
+    """prefork=False execs a new interpreter after the same isolation steps."""
+    with SandboxPool(num_workers=1, prefork=False) as p:
+        r = p.run(task, GOOD_SCRIPT)
+        assert r.status == Status.VALID
+        assert r.score == pytest.approx(good_script_score(task))
+        r = p.run(task, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\n")
+        assert r.status == Status.RUNTIME_ERROR
+    assert wait_no_sandbox_pids() == []
+
+
+def test_sandbox_setup_failure_is_ungraded_not_the_scripts_fault(pool, tmp_path):
+    broken = make_tiny_task(tmp_path / "broken")
+    for f in broken.public_dir.iterdir():
+        f.unlink()
+    broken.public_dir.rmdir()  # the data to mount is gone: the sandbox cannot be built
+    r = pool.run(broken, GOOD_SCRIPT)
+    assert r.status == Status.UNGRADED and r.attempts == 2
+    assert "setup" in r.detail or "No such file" in r.detail

@@ -1,0 +1,82 @@
+"""`python -m wmrl.main` end to end in a subprocess: artefacts, refusal to overwrite, bad config."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_main(workdir, *overrides):
+    cmd = [
+        sys.executable,
+        "-m",
+        "wmrl.main",
+        "--config=configs/bandit.py",
+        f"--workdir={workdir}",
+        *overrides,
+    ]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+
+
+TINY = (
+    "--config.num_seeds=2",
+    "--config.num_steps=40",
+    "--config.log_points=4",
+    "--config.variants=('real','wmrl')",
+)
+
+
+def test_tiny_run_writes_artefacts_and_refuses_to_overwrite(tmp_path):
+    wd = tmp_path / "run"
+    proc = run_main(
+        wd,
+        *TINY,
+        "--config.bandit.true_rewards=(1.0,0.5,0.2)",
+        "--config.bandit.wm_bias=(0.0,0.6,0.0)",
+        "--config.bandit.wm_noise=(0.1,0.1,0.1)",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = json.loads((wd / "config.json").read_text())
+    assert cfg["bandit"]["true_rewards"] == [1.0, 0.5, 0.2]  # tuple override resolved
+    rows = [json.loads(line) for line in (wd / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [10, 20, 30, 40]
+    assert set(rows[0]["variants"]) == {"real", "wmrl"}
+    summary = json.loads((wd / "summary.json").read_text())
+    for v in ("real", "wmrl"):
+        for key in (
+            "final_suboptimality",
+            "frac_seeds_optimal",
+            "steps_to_threshold",
+            "cost_to_threshold",
+        ):
+            assert key in summary["variants"][v]
+    assert (wd / "plots" / "suboptimality_vs_steps.png").stat().st_size > 1000
+    assert (wd / "plots" / "suboptimality_vs_cost.png").stat().st_size > 1000
+    before = (wd / "summary.json").read_bytes()
+    again = run_main(wd, *TINY)
+    assert again.returncode != 0
+    assert "already holds a finished run" in again.stderr
+    assert (wd / "summary.json").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("--config.bandit.wm_bias=(0.0,0.25,0.0,0.05)", "config.bandit.wm_bias"),
+        ("--config.bandit.wm_noise=(0.1,-0.2,0.3,0.3,0.3)", "config.bandit.wm_noise"),
+        ("--config.bandit.anchor_fraction=1.5", "config.bandit.anchor_fraction"),
+        ("--config.variants=('real','bogus')", "config.variants"),
+    ],
+)
+def test_bad_config_names_field_and_writes_nothing(tmp_path, override, field):
+    wd = tmp_path / "bad"
+    proc = run_main(wd, override)
+    assert proc.returncode != 0
+    assert field in proc.stderr
+    assert not wd.exists()

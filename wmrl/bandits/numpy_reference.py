@@ -1,0 +1,147 @@
+"""A plain numpy loop over the same bandit work, seed by seed and step by step.
+
+Written independently of the JAX code path (own PAV, own windows, own EMA), it is both the
+speed baseline of `wmrl.benchmarks.bandits` and an independent check of the JAX suite's
+results in the tests.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import ml_collections
+import numpy as np
+
+from wmrl.bandits.train import VARIANT_SPECS
+
+
+def pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted pool-adjacent-violators with the classic stack of blocks."""
+    blocks: list[list[float]] = []
+    for yi, wi in zip(y, w, strict=True):
+        blocks.append([yi, wi, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([[v] * int(n) for v, _, n in blocks])
+
+
+class _MonotoneMap:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.pairs: collections.deque = collections.deque(maxlen=cfg.capacity)
+        self.since_fit, self.xs, self.ys = 0, None, None
+
+    def update(self, wm, env):
+        self.pairs.extend(zip(wm, env, strict=True))
+        self.since_fit += len(wm)
+        if len(self.pairs) >= self.cfg.min_pairs and (
+            self.xs is None or self.since_fit >= self.cfg.refit_every
+        ):
+            lo, hi = self.cfg.reward_range
+            nb = self.cfg.num_bins
+            p = np.asarray(self.pairs)
+            idx = np.clip(np.floor((p[:, 0] - lo) / (hi - lo) * nb).astype(int), 0, nb - 1)
+            cnt = np.bincount(idx, minlength=nb)
+            means = np.bincount(idx, weights=p[:, 1], minlength=nb) / np.maximum(cnt, 1)
+            keep = cnt > 0
+            centres = lo + (hi - lo) / nb * (np.arange(nb) + 0.5)
+            self.xs, self.ys = centres[keep], pav(means[keep], cnt[keep])
+            self.since_fit = 0
+
+    def __call__(self, r):
+        return r if self.xs is None else np.interp(r, self.xs, self.ys)
+
+
+def run_numpy_variant(
+    config: ml_collections.ConfigDict, variant: str, num_seeds: int, num_steps: int, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Final suboptimality and pi(a*) per seed, and the total number of pulls simulated."""
+    if config.bandit.contextual:
+        raise ValueError("config.bandit.contextual: the numpy reference covers the K-armed case")
+    spec = VARIANT_SPECS[variant]
+    b, dcfg, ncfg = config.bandit, config.debias, config.denoise
+    r_true = np.asarray(b.true_rewards)
+    bias_arm = np.asarray(b.wm_bias)
+    noise = np.asarray(b.wm_noise)
+    scales = np.asarray(b.head_scales)
+    K, B, G = len(r_true), b.batch_size, b.group_size
+    ng = B // G
+    n_anchor = min(max(math.floor(b.anchor_fraction * ng + 0.5), 1), ng)
+    decay = 0.5 ** (1 / ncfg.half_life)
+    finals, pistars = [], []
+    for s in range(num_seeds):
+        rng = np.random.default_rng(seed + s)
+        logits = np.zeros(K)
+        windows = [collections.deque(maxlen=dcfg.window) for _ in range(K)]
+        mono = _MonotoneMap(dcfg)
+        ema = norm = scale = 0.0
+        n_groups, frozen = 0, False
+        for _ in range(num_steps):
+            pi = np.exp(logits - logits.max())
+            pi /= pi.sum()
+            arms = rng.choice(K, size=B, p=pi)
+            real = r_true[arms] + b.real_noise * rng.normal(size=B)
+            rewards = real
+            anchor = np.zeros(ng, bool)
+            if spec.reward == "wm":
+                bias = np.full(B, b.constant_bias) if spec.constant_bias else bias_arm[arms]
+                sd = noise[arms][None, :] * scales[:, None]
+                heads = r_true[arms] + bias + sd * rng.normal(size=sd.shape)
+                if spec.fuse:
+                    prec = 1 / np.maximum(sd, 1e-6) ** 2
+                    score, var = (heads * prec).sum(0) / prec.sum(0), 1 / prec.sum(0)
+                else:
+                    score, var = heads.mean(0), (sd**2).sum(0) / len(scales) ** 2
+                cal = score.copy()
+                if spec.debias == "keyed":
+                    for k in range(K):
+                        if len(windows[k]) >= dcfg.min_count:
+                            cal[arms == k] -= np.mean(windows[k])
+                elif spec.debias == "monotone":
+                    cal = mono(score)
+                if spec.anchors:
+                    anchor[rng.choice(ng, n_anchor, replace=False)] = True
+                pull_anchor = np.repeat(anchor, G)
+                rewards = np.where(pull_anchor, real, cal)
+                if spec.cross_iv:
+                    prec = (1 / np.where(pull_anchor, 1.0, var)).reshape(ng, G)
+                    w = (prec / prec.mean(1, keepdims=True)).reshape(B)
+                    rewards = rewards * np.where(pull_anchor, 1.0, w)
+            rg = rewards.reshape(ng, G)
+            adv = (rg - rg.mean(1, keepdims=True)) / (rg.std(1, keepdims=True) + 1e-6)
+            weight = min(max(1 + scale * (ema / norm if norm else 0.0), 1.0), ncfg.w_max)
+            if spec.anchor_weight and frozen:
+                adv[anchor] *= weight
+            adv = adv.reshape(B)
+            onehot = np.eye(K)[arms]
+            logits = logits + config.learning_rate * ((onehot - pi) * adv[:, None]).mean(0)
+            if spec.anchors:
+                idx = np.flatnonzero(pull_anchor)
+                if spec.debias == "keyed":
+                    for i in idx:
+                        windows[arms[i]].append(score[i] - real[i])
+                elif spec.debias == "monotone":
+                    mono.update(score[idx], real[idx])
+                for g in np.flatnonzero(anchor):
+                    sc = real.reshape(ng, G)[g] - real.reshape(ng, G)[g].mean()
+                    if np.mean(sc**2) <= 1e-8:
+                        continue
+                    dc = cal.reshape(ng, G)[g] - cal.reshape(ng, G)[g].mean()
+                    x = np.mean((dc - sc) ** 2) / np.mean(sc**2)
+                    ema, norm = decay * ema + (1 - decay) * x, decay * norm + (1 - decay)
+                    n_groups += 1
+                    if not frozen and n_groups >= ncfg.warmup_groups:
+                        scale = (ncfg.target - 1) / (ema / norm) if ema > 0 else 0.0
+                        frozen = True
+        pi = np.exp(logits - logits.max())
+        pi /= pi.sum()
+        finals.append(r_true.max() - pi @ r_true)
+        pistars.append(pi[np.argmax(r_true)])
+    return {
+        "final_suboptimality": np.asarray(finals),
+        "final_pi_star": np.asarray(pistars),
+        "pulls": num_seeds * num_steps * B,
+    }

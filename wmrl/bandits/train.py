@@ -1,0 +1,359 @@
+"""purejaxrl-style bandit training: `make_train(config, variant) -> train(rngs)`.
+
+One `jax.jit` compiles the whole run of one variant: an outer `lax.scan` over logging chunks,
+an inner `lax.scan` over steps, `jax.vmap` over seeds inside the step. Each step follows the
+WMRL step of DESIGN.md 3 on a softmax (or linear-softmax, contextual) policy:
+
+  sample B pulls in B/G groups -> WM-score every pull (M heads) -> route anchor groups, which
+  are also executed for real -> calibrate WM scores (keyed offsets by arm / monotone map) ->
+  group advantages (real rewards on anchor groups, calibrated WM rewards elsewhere) ->
+  anchor weight on anchor groups -> policy-gradient step -> feed the anchor pairs to the
+  estimators.
+
+Variants switch parts of that pipeline on and off (`VariantSpec`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from wmrl.bandits.problem import BanditProblem, make_problem
+from wmrl.core import debias, denoise, grpo, routing
+from wmrl.core.state import init_correction_state
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantSpec:
+    """What one baseline/ablation turns on."""
+
+    reward: Literal["real", "wm"]
+    anchors: bool = False  # anchor groups executed for real, their real rewards used
+    debias: debias.DebiasMode = "none"
+    fuse: bool = False  # sample-level inverse-variance fusion of the WM heads
+    anchor_weight: bool = False  # stream-level anchor weight
+    cross_iv: bool = False  # per-sample inverse-variance reward weighting (negative control)
+    constant_bias: bool = False  # replace the per-arm WM bias by a global constant
+
+
+VARIANT_SPECS: dict[str, VariantSpec] = {
+    "real": VariantSpec(reward="real"),
+    "wm_only": VariantSpec(reward="wm"),
+    "debias_only": VariantSpec(reward="wm", anchors=True, debias="keyed"),
+    "denoise_only": VariantSpec(reward="wm", anchors=True, fuse=True, anchor_weight=True),
+    "wmrl": VariantSpec(reward="wm", anchors=True, debias="keyed", fuse=True, anchor_weight=True),
+    "debias_monotone_only": VariantSpec(reward="wm", anchors=True, debias="monotone"),
+    "constant_bias": VariantSpec(reward="wm", constant_bias=True),
+    "cross_arm_iv": VariantSpec(
+        reward="wm", anchors=True, debias="keyed", fuse=True, anchor_weight=True, cross_iv=True
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def init_policy(problem: BanditProblem) -> dict[str, jax.Array]:
+    """Uniform softmax policy: logits = b + x @ W."""
+    k, d = problem.num_arms, problem.context_dim
+    return {"b": jnp.zeros((k,), jnp.float32), "W": jnp.zeros((d, k), jnp.float32)}
+
+
+def policy_logits(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """[..., K] logits for contexts x [..., d]."""
+    return params["b"] + x @ params["W"]
+
+
+def policy_gradient(params, x: jax.Array, arms: jax.Array, adv: jax.Array):
+    """Gradient of the surrogate `mean_i adv_i log pi(a_i | x_i)` (ascent direction)."""
+
+    def surrogate(p):
+        logp = jax.nn.log_softmax(policy_logits(p, x))
+        return jnp.mean(adv * jnp.take_along_axis(logp, arms[:, None], axis=1)[:, 0])
+
+    return jax.grad(surrogate)(params)
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def sample_arms(u: jax.Array, logits: jax.Array) -> jax.Array:
+    """Categorical draw by inverse CDF from one uniform per pull (u [N], logits [N, K]).
+
+    Equal in law to `jax.random.categorical` but needs one random number per pull instead of
+    K Gumbels, which dominates the cost of a vmapped bandit step on CPU.
+    """
+    cdf = jnp.cumsum(jax.nn.softmax(logits), axis=-1)[..., :-1]
+    return jnp.sum(u[..., None] > cdf, axis=-1).astype(jnp.int32)
+
+
+def wm_heads_from_noise(problem: BanditProblem, eps: jax.Array, arms, x: jax.Array, bias):
+    """Per-head WM means and log-variances [M, N] given standard-normal noise eps [M, N]."""
+    r = jnp.take_along_axis(problem.rewards(x), arms[:, None], axis=1)[:, 0]
+    sd = problem.wm_noise[arms][None, :] * problem.head_scales[:, None]
+    return r + bias + sd * eps, jnp.log(jnp.maximum(sd, 1e-6) ** 2)
+
+
+def wm_heads(problem: BanditProblem, rng: jax.Array, arms: jax.Array, x: jax.Array, bias):
+    """Per-head WM means and log-variances [M, N] for pulls `arms` [N] in contexts x [N, d]."""
+    eps = jax.random.normal(rng, (problem.num_heads, arms.shape[0]))
+    return wm_heads_from_noise(problem, eps, arms, x, bias)
+
+
+def wm_score(means: jax.Array, log_vars: jax.Array, fuse: bool) -> tuple[jax.Array, jax.Array]:
+    """WM score and its variance per pull: inverse-variance fusion or the plain head average."""
+    if fuse:
+        mu, var, _ = denoise.fuse_ensemble(means, log_vars, axis=0)
+        return mu, var
+    m = means.shape[0]
+    return means.mean(axis=0), jnp.exp(log_vars).sum(axis=0) / m**2
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStatics:
+    """Everything static about one variant's step (hashable config pieces)."""
+
+    spec: VariantSpec
+    batch_size: int
+    group_size: int
+    learning_rate: float
+    real_cost: float
+    constant_bias: float
+    baseline: str
+    normalize_std: bool
+    routing: routing.RoutingConfig
+    debias: debias.DebiasConfig
+    denoise: denoise.DenoiseConfig
+
+
+def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
+    """One WMRL step for one seed: (carry, rng) -> (carry, metrics)."""
+    spec, B, G = st.spec, st.batch_size, st.group_size
+    num_groups = B // G
+    d = problem.context_dim
+
+    M = problem.num_heads
+    uses_wm = spec.reward == "wm"
+    n_anchor_groups = int(routing.num_anchor_groups(num_groups, num_groups, st.routing))
+
+    def step(carry, rng):
+        params, corr = carry["params"], carry["corr"]
+        k_u, k_eps, k_route = jax.random.split(rng, 3)
+        # One uniform per pull for the action, one normal block for contexts, real noise and
+        # the WM heads: few, large RNG calls keep the vmapped step cheap.
+        u = jax.random.uniform(k_u, (B,))
+        eps = jax.random.normal(k_eps, (B * (d + 1 + (M if uses_wm else 0)),))
+        x = eps[: B * d].reshape(B, d)
+        arms = sample_arms(u, policy_logits(params, x))
+        r_all = problem.rewards(x)
+        r_true = jnp.take_along_axis(r_all, arms[:, None], axis=1)[:, 0]
+        real = r_true + problem.real_noise * eps[B * d : B * (d + 1)]
+        if not uses_wm:
+            score = var = real
+        else:
+            if spec.constant_bias:
+                bias = jnp.full((B,), st.constant_bias)
+            else:
+                bias = jnp.take_along_axis(problem.bias(x), arms[:, None], axis=1)[:, 0]
+            head_eps = eps[B * (d + 1) :].reshape(M, B)
+            means, log_vars = wm_heads_from_noise(problem, head_eps, arms, x, bias)
+            score, var = wm_score(means, log_vars, spec.fuse)
+        calibrated = debias.apply_debias(corr.debias, score, arms, st.debias)
+
+        if spec.anchors:
+            is_anchor, _ = routing.route_anchors(k_route, num_groups, st.routing)
+        else:
+            is_anchor = jnp.zeros((num_groups,), bool)
+        anchor_pull = jnp.repeat(is_anchor, G)
+        rewards = jnp.where(anchor_pull, real, calibrated) if uses_wm else real
+        if spec.cross_iv:
+            # Negative control: weights *different* pulls by their own inverse variance.
+            w = denoise.cross_sample_weights(jnp.where(anchor_pull, 1.0, var), G)
+            rewards = rewards * jnp.where(anchor_pull, 1.0, w)
+        adv = grpo.group_advantages(
+            rewards, G, baseline=st.baseline, normalize_std=st.normalize_std
+        )
+        weight = denoise.anchor_weight(corr.denoise, st.denoise)
+        if spec.anchor_weight:
+            adv = grpo.apply_anchor_weight(adv, G, is_anchor, weight)
+        grad = policy_gradient(params, x, arms, adv)
+        params = jax.tree.map(lambda p, g: p + st.learning_rate * g, params, grad)
+
+        if spec.anchors:
+            # Only the anchor groups carry pairs: gather them (a static count, since routing
+            # has no capacity limit here) rather than feeding all B pulls behind a mask.
+            groups = jnp.nonzero(is_anchor, size=n_anchor_groups)[0]
+            take = lambda v: v.reshape(num_groups, G)[groups]
+            new_debias = debias.update_debias(
+                corr.debias,
+                take(score).reshape(-1),
+                take(real).reshape(-1),
+                take(arms).reshape(-1),
+                jnp.ones((n_anchor_groups * G,), bool),
+                st.debias,
+            )
+            new_denoise = denoise.update_denoise(
+                corr.denoise, take(calibrated), take(real), st.denoise
+            )
+            corr = corr.replace(debias=new_debias, denoise=new_denoise)
+
+        n_real = anchor_pull.sum() if uses_wm else B
+        n_wm = B if uses_wm else 0
+        cost = st.real_cost * n_real + 1.0 * n_wm
+        diag = debias.bias_diagnostic(score, calibrated, real, G)
+        metrics = {
+            "cost": cost,
+            "anchor_weight": weight if spec.anchor_weight else jnp.ones(()),
+            "bias_reduction": diag["bias_reduction"],
+        }
+        return {"params": params, "corr": corr}, metrics
+
+    return step
+
+
+def evaluate(problem: BanditProblem, params, eval_x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(suboptimality E_x[max_a r - pi . r], E_x[pi(a* | x)]) on fixed evaluation contexts."""
+    r = problem.rewards(eval_x)
+    pi = jax.nn.softmax(policy_logits(params, eval_x))
+    sub = jnp.mean(r.max(-1) - (pi * r).sum(-1))
+    pi_star = jnp.mean(jnp.take_along_axis(pi, r.argmax(-1)[:, None], axis=1))
+    return sub, pi_star
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def statics_from_config(config: ml_collections.ConfigDict, variant: str) -> StepStatics:
+    b = config.bandit
+    spec = VARIANT_SPECS[variant]
+    mode = spec.debias
+    return StepStatics(
+        spec=spec,
+        batch_size=b.batch_size,
+        group_size=b.group_size,
+        learning_rate=config.learning_rate,
+        real_cost=b.real_cost,
+        constant_bias=b.constant_bias,
+        baseline=b.baseline,
+        normalize_std=b.normalize_std,
+        routing=routing.RoutingConfig(rho=b.anchor_fraction, min_groups=1),
+        debias=debias.DebiasConfig(
+            mode=mode,
+            num_keys=len(b.true_rewards),
+            offset_rule=config.debias.offset_rule,
+            window=config.debias.window,
+            half_life=config.debias.half_life,
+            min_count=config.debias.min_count,
+            capacity=config.debias.capacity,
+            num_bins=config.debias.num_bins,
+            min_pairs=config.debias.min_pairs,
+            refit_every=config.debias.refit_every,
+            reward_range=tuple(config.debias.reward_range),
+        ),
+        denoise=denoise.DenoiseConfig(
+            half_life=config.denoise.half_life,
+            warmup_groups=config.denoise.warmup_groups,
+            target=config.denoise.target,
+            w_max=config.denoise.w_max,
+        ),
+    )
+
+
+def log_schedule(num_steps: int, log_points: int) -> tuple[int, int, int]:
+    """(log_every, num_chunks, remainder): num_chunks full chunks of log_every steps, then a
+    final partial chunk of `remainder` steps (0 when log_every divides num_steps)."""
+    log_every = max(1, math.ceil(num_steps / log_points))
+    return log_every, num_steps // log_every, num_steps % log_every
+
+
+def logged_steps(num_steps: int, log_points: int):
+    """The step numbers at which curves are recorded."""
+    log_every, num_chunks, remainder = log_schedule(num_steps, log_points)
+    steps = [(i + 1) * log_every for i in range(num_chunks)]
+    return steps + ([num_steps] if remainder else [])
+
+
+def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
+    """Returns `train(rngs [S]) -> outputs` for one variant, ready for `jax.jit`.
+
+    Outputs (S = seeds, C = logged chunks): `curves` {suboptimality, pi_star, cost,
+    anchor_weight, bias_reduction} each [C, S] at the end of every chunk; `final_suboptimality`,
+    `final_pi_star`, `hit_step`, `hit_cost` each [S] (hit_* = -1 when never reached).
+    """
+    problem = make_problem(config)
+    st = statics_from_config(config, variant)
+    step = make_step(problem, st)
+    vstep = jax.vmap(step)
+    num_steps = config.num_steps
+    log_every, num_chunks, remainder = log_schedule(num_steps, config.log_points)
+    threshold = config.threshold
+    # The plain K-armed bandit has no context: one (empty) evaluation context is exact.
+    num_eval = config.eval_contexts if problem.context_dim else 1
+    eval_x = jax.random.normal(
+        jax.random.key(config.problem_seed + 1), (num_eval, problem.context_dim)
+    )
+    veval = jax.vmap(lambda p: evaluate(problem, p, eval_x))
+
+    def train(rngs: jax.Array):
+        S = rngs.shape[0]
+        corr = init_correction_state(st.debias)
+        carry = {
+            "params": jax.vmap(lambda _: init_policy(problem))(jnp.arange(S)),
+            "corr": jax.vmap(lambda _: corr)(jnp.arange(S)),
+            "rng": rngs,
+            "t": jnp.zeros((), jnp.int32),
+            "cost": jnp.zeros((S,), jnp.float32),
+            "hit_step": jnp.full((S,), -1, jnp.int32),
+            "hit_cost": jnp.full((S,), -1.0, jnp.float32),
+        }
+
+        def one_step(c, _):
+            keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(c["rng"], c["t"])
+            inner, m = vstep({"params": c["params"], "corr": c["corr"]}, keys)
+            cost = c["cost"] + m["cost"]
+            sub, _ = veval(inner["params"])
+            t1 = c["t"] + 1
+            hit_now = (c["hit_step"] < 0) & (sub <= threshold)
+            out = {
+                "params": inner["params"],
+                "corr": inner["corr"],
+                "rng": c["rng"],
+                "t": t1,
+                "cost": cost,
+                "hit_step": jnp.where(hit_now, t1, c["hit_step"]),
+                "hit_cost": jnp.where(hit_now, cost, c["hit_cost"]),
+            }
+            return out, (m["anchor_weight"], m["bias_reduction"])
+
+        def chunk(c, length):
+            c, (w, red) = jax.lax.scan(one_step, c, None, length=length)
+            sub, pi_star = veval(c["params"])
+            curves = {
+                "suboptimality": sub,
+                "pi_star": pi_star,
+                "cost": c["cost"],
+                "anchor_weight": w[-1],
+                "bias_reduction": red.mean(0),
+            }
+            return c, curves
+
+        carry, curves = jax.lax.scan(lambda c, _: chunk(c, log_every), carry, None, num_chunks)
+        if remainder:
+            carry, last = chunk(carry, remainder)
+            curves = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), curves, last)
+        sub, pi_star = veval(carry["params"])
+        return {
+            "curves": curves,
+            "final_suboptimality": sub,
+            "final_pi_star": pi_star,
+            "hit_step": carry["hit_step"],
+            "hit_cost": carry["hit_cost"],
+        }
+
+    return train

@@ -1,0 +1,156 @@
+"""Sandbox throughput and per-execution overhead.
+
+    python -m wmrl.benchmarks.sandbox [--out=FILE.json] [--max_workers=N] [--batch=16]
+
+Measures, on a small generated task:
+  * ``overhead_s``: end-to-end seconds per execution of an empty script
+    (submit -> graded result: work dir, isolation set-up, fork, teardown,
+    grading), with the pre-imported template (the default) and with a fresh
+    interpreter per execution (``prefork=False``) for comparison;
+  * the start-up vs script-work split: importing numpy+pandas+scikit-learn
+    in a fresh interpreter vs in the template, and a real training script;
+  * ``executions_per_s`` on a fixed batch of real scripts with 1..N workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+EMPTY = "pass\n"
+IMPORTS = "import numpy, pandas, sklearn.ensemble, sklearn.linear_model\n"
+REAL = """
+import os
+import pandas as pd
+from sklearn.ensemble import RandomForestClassifier
+d = os.environ["DATA_DIR"]
+tr = pd.read_csv(os.path.join(d, "train.csv"))
+te = pd.read_csv(os.path.join(d, "test.csv"))
+X = tr.drop(columns=["id", "target"])
+m = RandomForestClassifier(n_estimators=30, random_state=0).fit(X, tr["target"])
+pd.DataFrame({"id": te["id"], "target": m.predict(te.drop(columns=["id"]))}).to_csv(
+    os.environ["SUBMISSION_PATH"], index=False)
+"""
+
+
+def _task(root: Path):
+    """A 2000 x 20 generated classification task (no leaderboard: not needed here)."""
+    import pandas as pd
+    from sklearn.datasets import make_classification
+
+    from wmrl.envs.autoresearch.make_task import write_task
+    from wmrl.envs.autoresearch.task import load_task
+
+    X, y = make_classification(n_samples=2000, n_features=20, random_state=0)
+    df = pd.DataFrame(X, columns=[f"f{i}" for i in range(20)]).assign(target=y)
+    return load_task(
+        write_task(
+            df, root / "bench", task_id="bench", target="target", metric="accuracy", time_limit_s=60
+        )
+    )
+
+
+def _timed_runs(pool, task, script: str, n: int) -> tuple[float, float]:
+    """(median end-to-end wall s, median in-sandbox runtime s) over n sequential runs."""
+    walls, inside = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = pool.run(task, script)
+        walls.append(time.perf_counter() - t0)
+        inside.append(r.runtime_s)
+        assert r.status.name in ("NO_SUBMISSION", "VALID"), r
+    return statistics.median(walls), statistics.median(inside)
+
+
+def run_benchmark(max_workers: int, batch: int, repeats: int = 10) -> dict:
+    from wmrl.envs.autoresearch.pool import SandboxPool
+
+    with tempfile.TemporaryDirectory() as tmp:
+        task = _task(Path(tmp))
+        res: dict = {
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+        }
+        with SandboxPool(1, prefork=False) as pool:
+            exec_empty, _ = _timed_runs(pool, task, EMPTY, repeats)
+            exec_imports, _ = _timed_runs(pool, task, IMPORTS, max(3, repeats // 3))
+        with SandboxPool(1) as pool:
+            res["isolation"] = pool.isolation
+            empty, empty_inside = _timed_runs(pool, task, EMPTY, repeats)
+            imports, _ = _timed_runs(pool, task, IMPORTS, repeats)
+            real, _ = _timed_runs(pool, task, REAL, max(3, repeats // 3))
+        res["overhead_s"] = empty
+        res["overhead_in_sandbox_s"] = empty_inside
+        res["overhead_fresh_interpreter_s"] = exec_empty
+        res["startup_split"] = {
+            "template_empty_s": empty,
+            "template_import_stack_s": imports - empty,
+            "fresh_interpreter_empty_s": exec_empty,
+            "fresh_interpreter_import_stack_s": exec_imports - exec_empty,
+            "real_script_total_s": real,
+            "real_script_work_s": real - empty,
+        }
+        res["batch"] = batch
+        res["executions_per_s"] = {}
+        for n in range(1, max_workers + 1):
+            with SandboxPool(n) as pool:
+                pool.run(task, EMPTY)
+                t0 = time.perf_counter()
+                futures = pool.submit_batch([(task, REAL)] * batch)
+                statuses = {f.result().status.name for f in futures}
+                elapsed = time.perf_counter() - t0
+            assert statuses == {"VALID"}, statuses
+            res["executions_per_s"][str(n)] = batch / elapsed
+    return res
+
+
+def _table(res: dict) -> str:
+    s = res["startup_split"]
+    rows = [
+        ("isolation", res["isolation"]),
+        ("overhead, empty script (template)", f"{res['overhead_s']:.3f} s"),
+        ("overhead, empty script (fresh python)", f"{res['overhead_fresh_interpreter_s']:.3f} s"),
+        ("import numpy+pandas+sklearn (template)", f"{s['template_import_stack_s']:.3f} s"),
+        ("import numpy+pandas+sklearn (fresh)", f"{s['fresh_interpreter_import_stack_s']:.3f} s"),
+        (
+            "real script: total / own work",
+            f"{s['real_script_total_s']:.3f} / {s['real_script_work_s']:.3f} s",
+        ),
+    ]
+    base = res["executions_per_s"]["1"]
+    for n, eps in res["executions_per_s"].items():
+        rows.append((f"executions/s, {n} worker(s)", f"{eps:.2f}  (x{eps / base:.2f})"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    """Flags are defined only when run as a program."""
+    flags.DEFINE_string("out", None, "write the JSON here")
+    flags.DEFINE_integer("max_workers", None, "largest pool size (default: cores)")
+    flags.DEFINE_integer("batch", 16, "real scripts per throughput measurement")
+    flags.DEFINE_integer("repeats", 10, "sequential runs per latency measurement")
+
+
+def main(argv) -> None:
+    del argv
+    res = run_benchmark(FLAGS.max_workers or os.cpu_count() or 1, FLAGS.batch, FLAGS.repeats)
+    print(_table(res))
+    if FLAGS.out:
+        Path(FLAGS.out).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)

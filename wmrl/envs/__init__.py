@@ -1,0 +1,1 @@
+"""Environments: synthetic bandits and Mini AutoResearch (see DESIGN.md section 4)."""

@@ -1,0 +1,310 @@
+"""Executed-trajectory dataset (TFDS, array_record) and its grain input pipeline.
+
+    python -m wmrl.envs.autoresearch.dataset --suite=DIR --data_dir=DIR \\
+        [--scripts_per_task=40] [--workers=N]
+
+Building executes authored scripts (``author.write_scripts``) for every suite
+task through the sandbox pool and appends each result to
+``<data_dir>/executions.jsonl`` as it finishes (flushed and fsynced), with a
+progress bar. A rerun skips what is already there, so an interrupted build
+keeps all it executed. The TFDS builder then writes array_record shards
+with ``train`` and ``heldout`` splits by task (no TensorFlow needed).
+
+``make_pipeline`` reads a split with ``tfds.data_source`` through grain,
+tokenizes the (card, script) pair with a pluggable callable (bytes by
+default; ``spm_tokenizer`` wraps a sentencepiece model), truncates, pads and
+batches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import tensorflow_datasets as tfds
+from absl import app, flags
+
+from wmrl.envs.autoresearch import author
+from wmrl.envs.autoresearch.corpus import task_seed
+from wmrl.envs.autoresearch.make_task import task_info
+from wmrl.envs.autoresearch.task import load_suite
+
+NAME = "autoresearch_trajectories"
+VERSION = "1.0.0"
+
+
+def execute_corpus(
+    suite_dir: str | os.PathLike,
+    data_dir: str | os.PathLike,
+    scripts_per_task: int = 40,
+    seed: int = 0,
+    mistake_rate: float = 0.3,
+    workers: int | None = None,
+    progress: bool = True,
+) -> Path:
+    """Execute the authored corpus, resumably; return the executions.jsonl path."""
+    from tqdm import tqdm
+
+    from wmrl.envs.autoresearch.pool import SandboxPool
+
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "executions.jsonl"
+    done: set[tuple[str, int]] = set()
+    if log_path.exists():
+        _drop_torn_tail(log_path)
+        with open(log_path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by the interruption; it is executed again
+                done.add((rec["task_id"], rec["index"]))
+    plan = []
+    for task in load_suite(suite_dir):
+        info = task_info(task)
+        scripts = author.write_scripts(
+            info, scripts_per_task, task_seed(task.id, seed), mistake_rate
+        )
+        for i, (spec, source) in enumerate(scripts):
+            if (task.id, i) not in done:
+                plan.append((task, i, spec, source))
+    if not plan:
+        return log_path
+    with SandboxPool(workers) as pool, open(log_path, "a") as log:
+        futures = {
+            pool.submit(task, source): (task, i, spec, source) for task, i, spec, source in plan
+        }
+        bar = tqdm(total=len(plan), desc="executing", disable=not progress)
+        for fut in pool.as_completed(futures):
+            task, i, spec, source = futures[fut]
+            r = fut.result()
+            rec = {
+                "task_id": task.id,
+                "index": i,
+                "split": task.split,
+                "card": task.card,
+                "script": source,
+                "status": int(r.status),
+                "status_name": r.status.name,
+                "score": r.score,
+                "percentile": r.percentile,
+                "reward": None if math.isnan(r.reward) else r.reward,
+                "runtime_s": r.runtime_s,
+                "stderr_tail": r.stderr_tail[-1000:],
+                "model": spec.model,
+                "mistake": spec.mistake or "",
+            }
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            os.fsync(log.fileno())
+            bar.update(1)
+        bar.close()
+    return log_path
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a record left half-written by an interruption, so appends start on a fresh line."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            f.truncate(keep)
+
+
+def _nan_if_none(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
+class AutoresearchTrajectories(tfds.core.GeneratorBasedBuilder):
+    """Executed (card, script) -> (status, score, percentile, reward, runtime)."""
+
+    VERSION = tfds.core.Version(VERSION)
+
+    def __init__(self, *, executions_path: str | os.PathLike | None = None, **kwargs):
+        self._executions_path = executions_path
+        super().__init__(**kwargs)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        text = tfds.features.Text()
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=__doc__,
+            features=tfds.features.FeaturesDict(
+                {
+                    "task_id": text,
+                    "card": text,
+                    "script": text,
+                    "status": np.int32,
+                    "status_name": text,
+                    "score": np.float32,  # NaN where there is no valid submission
+                    "percentile": np.float32,  # NaN likewise
+                    "reward": np.float32,  # NaN for UNGRADED (masked)
+                    "runtime_s": np.float32,
+                    "stderr_tail": text,  # last 1000 chars: what a multi-turn agent would see
+                    "model": text,
+                    "mistake": text,  # "" for none
+                }
+            ),
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        if self._executions_path is None:
+            raise ValueError("pass executions_path= to build the dataset")
+        return {
+            "train": self._generate_examples("train"),
+            "heldout": self._generate_examples("heldout"),
+        }
+
+    def _generate_examples(self, split: str):
+        with open(self._executions_path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if rec["split"] != split:
+                    continue
+                yield (
+                    f"{rec['task_id']}/{rec['index']}",
+                    {
+                        "task_id": rec["task_id"],
+                        "card": rec["card"],
+                        "script": rec["script"],
+                        "status": rec["status"],
+                        "status_name": rec["status_name"],
+                        "score": _nan_if_none(rec["score"]),
+                        "percentile": _nan_if_none(rec["percentile"]),
+                        "reward": _nan_if_none(rec["reward"]),
+                        "runtime_s": rec["runtime_s"],
+                        "stderr_tail": rec.get("stderr_tail", ""),
+                        "model": rec["model"],
+                        "mistake": rec["mistake"],
+                    },
+                )
+
+
+def build_dataset(executions_path, data_dir) -> Path:
+    """Write the array_record TFDS dataset from an executions log; return its directory."""
+    builder = AutoresearchTrajectories(
+        executions_path=executions_path, data_dir=str(data_dir), file_format="array_record"
+    )
+    builder.download_and_prepare()
+    return Path(builder.data_dir)
+
+
+def data_source(data_dir: str | os.PathLike, split: str):
+    """Random-access source for a split (reads the files; no builder code needed)."""
+    return tfds.data_source(NAME, split=split, data_dir=str(data_dir))
+
+
+Tokenize = Callable[[str], Sequence[int]]
+
+
+def byte_tokenizer(text: str) -> list[int]:
+    """Default tokenizer: UTF-8 bytes shifted by 4 (ids 0-3 = pad, unk, bos, eos)."""
+    return [b + 4 for b in text.encode("utf-8")]
+
+
+def spm_tokenizer(model_path: str | os.PathLike) -> Tokenize:
+    """A sentencepiece model (see ``corpus.train_spm``) as a tokenize callable."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    return lambda text: sp.encode(text)
+
+
+SEP = "\n### SCRIPT\n"
+
+
+def encode_example(
+    ex: dict, tokenize: Tokenize, seq_len: int, max_card_tokens: int, pad_id: int = 0
+) -> dict:
+    """One record -> fixed-length arrays. The card is cut first so the script survives.
+
+    Returns tokens/mask [seq_len] int32, status int32, reward/score/percentile
+    float32 (NaN -> 0 with a *_mask), runtime_s float32.
+    """
+
+    def text(v) -> str:
+        return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+    card = list(tokenize(text(ex["card"])))[:max_card_tokens]
+    body = list(tokenize(SEP + text(ex["script"])))
+    ids = (card + body)[:seq_len]
+    tokens = np.full(seq_len, pad_id, np.int32)
+    tokens[: len(ids)] = ids
+    out = {
+        "tokens": tokens,
+        "mask": (np.arange(seq_len) < len(ids)).astype(np.int32),
+        "status": np.int32(ex["status"]),
+        "runtime_s": np.float32(ex["runtime_s"]),
+    }
+    for key in ("reward", "score", "percentile"):
+        v = float(ex[key])
+        out[key] = np.float32(0.0 if math.isnan(v) else v)
+        out[f"{key}_mask"] = np.int32(not math.isnan(v))
+    return out
+
+
+def make_pipeline(
+    data_dir: str | os.PathLike,
+    split: str,
+    batch_size: int,
+    seq_len: int = 1024,
+    tokenize: Tokenize = byte_tokenizer,
+    max_card_tokens: int = 384,
+    seed: int = 0,
+    shuffle: bool = True,
+    num_epochs: int | None = 1,
+    drop_remainder: bool = True,
+):
+    """A grain MapDataset of padded batches: dict of [batch, ...] numpy arrays."""
+    import grain.python as grain
+
+    ds = grain.MapDataset.source(data_source(data_dir, split))
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    ds = ds.repeat(num_epochs)
+    ds = ds.map(lambda ex: encode_example(ex, tokenize, seq_len, max_card_tokens))
+    return ds.batch(batch_size, drop_remainder=drop_remainder)
+
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    """Flags are defined only when run as a program."""
+    flags.DEFINE_string("suite", None, "built suite directory")
+    flags.DEFINE_string("data_dir", None, "where executions.jsonl and the TFDS files go")
+    flags.DEFINE_integer("scripts_per_task", 40, "authored scripts per task")
+    flags.DEFINE_float("mistake_rate", 0.3, "probability that a script carries a mistake")
+    flags.DEFINE_integer("seed", 0, "author seed")
+    flags.DEFINE_integer("workers", None, "sandbox slots (default: cores)")
+
+
+def main(argv) -> None:
+    del argv
+    if not FLAGS.suite or not FLAGS.data_dir:
+        raise app.UsageError("--suite and --data_dir are required")
+    log = execute_corpus(
+        FLAGS.suite,
+        FLAGS.data_dir,
+        FLAGS.scripts_per_task,
+        FLAGS.seed,
+        FLAGS.mistake_rate,
+        FLAGS.workers,
+    )
+    path = build_dataset(log, FLAGS.data_dir)
+    counts = {s: len(data_source(FLAGS.data_dir, s)) for s in ("train", "heldout")}
+    print(json.dumps({"dataset": str(path), "examples": counts}))
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)

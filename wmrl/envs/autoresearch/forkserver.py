@@ -1,0 +1,157 @@
+"""The template process: pre-imports the scientific stack once, forks per execution.
+
+Protocol (JSON lines): the pool writes a job per line on stdin; for each job
+the template forks a supervisor (``sandbox.supervise``) that writes
+``<workdir>/result.json`` and exits; when the template reaps it, it prints
+``{"id": ..., "exit": ...}``. The first line it prints is a ready message
+with the detected isolation level and the template's own virtual size.
+
+Run: ``python -m wmrl.envs.autoresearch.forkserver [--no-preimport]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Single-threaded BLAS before numpy is imported: forking a process with live
+# BLAS threads is unsafe, and each sandbox slot owns one core.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import contextlib  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+PREIMPORT = (
+    "numpy",
+    "pandas",
+    "scipy.sparse",
+    "sklearn",
+    "sklearn.base",
+    "sklearn.compose",
+    "sklearn.decomposition",
+    "sklearn.dummy",
+    "sklearn.ensemble",
+    "sklearn.feature_selection",
+    "sklearn.impute",
+    "sklearn.linear_model",
+    "sklearn.metrics",
+    "sklearn.model_selection",
+    "sklearn.naive_bayes",
+    "sklearn.neighbors",
+    "sklearn.neural_network",
+    "sklearn.pipeline",
+    "sklearn.preprocessing",
+    "sklearn.svm",
+    "sklearn.tree",
+)
+
+
+def _run_supervisor(job: dict) -> None:
+    """Body of the forked supervisor: run the job, publish result.json, report early.
+
+    The "done" line goes straight to the pool as soon as the result is on
+    disk (a write under PIPE_BUF is atomic among the template's writers), so
+    the pool does not wait for the cgroup teardown and this process's exit.
+    """
+    from wmrl.envs.autoresearch import sandbox
+
+    reported = False
+    report_fd = os.dup(1)
+
+    def publish(result: dict) -> None:
+        nonlocal reported
+        tmp = os.path.join(job["workdir"], "result.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.rename(tmp, os.path.join(job["workdir"], "result.json"))
+        os.write(report_fd, (json.dumps({"id": job["id"], "exit": 0}) + "\n").encode())
+        reported = True
+
+    try:
+        sandbox.prctl(sandbox.PR_SET_PDEATHSIG, signal.SIGKILL)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        sandbox.supervise(job, report=publish)
+    except BaseException:
+        if not reported:
+            publish({"infra_error": "supervisor: " + traceback.format_exc(limit=5)})
+
+
+def main() -> None:
+    from wmrl.envs.autoresearch import sandbox
+
+    # No PR_SET_PDEATHSIG here: it fires when the *thread* that started us
+    # exits (the pool may restart us from a worker thread). The pool's death
+    # closes our stdin instead; we then finish the running jobs and exit.
+    if "--no-preimport" not in sys.argv:
+        for name in PREIMPORT:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                continue
+    isolation = sandbox.detect_isolation()
+    base_vm_mb = sandbox._vm_size_mb()
+    out = sys.stdout
+    out.write(json.dumps({"ready": True, "isolation": isolation, "base_vm_mb": base_vm_mb}))
+    out.write("\n")
+    out.flush()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    running: dict[int, str] = {}
+    buf = b""
+    stdin_open = True
+    import select
+
+    while stdin_open or running:
+        fds = [wake_r] + ([0] if stdin_open else [])
+        try:
+            ready, _, _ = select.select(fds, [], [], 1.0)
+        except InterruptedError:
+            ready = []
+        if 0 in ready:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                stdin_open = False
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                job = json.loads(line)
+                job["base_vm_mb"] = base_vm_mb
+                pid = os.fork()
+                if pid == 0:
+                    code = 0
+                    try:
+                        _run_supervisor(job)
+                    except BaseException:
+                        code = 1
+                    os._exit(code)
+                running[pid] = job["id"]
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            job_id = running.pop(pid, None)
+            if job_id is not None:
+                msg = {"id": job_id, "exit": os.waitstatus_to_exitcode(status)}
+                out.write(json.dumps(msg) + "\n")
+                out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Submission validation and the paper's reward ladder.
+
+Statuses are an ``IntEnum`` so the world model can predict them as a class:
+
+    MALFORMED           0    not decodable as UTF-8, empty, or a syntax error
+    RUNTIME_ERROR       1    0.1  non-zero exit, killed by a signal, memory error
+    TIMEOUT             2    0.1  wall-clock or CPU-seconds limit
+    NO_SUBMISSION       3    0.2  ran cleanly but wrote no submission file
+    INVALID_SUBMISSION  4    0.2  wrote one, but rows / ids / values are wrong
+    VALID               5    0.5 + 0.5 * percentile on the task's leaderboard
+    UNGRADED            6    NaN  the sandbox itself broke (infrastructure):
+                                  masked out of the loss, never scored 0
+
+Validation happens before scoring: the file must parse as CSV, hold the id
+column and the target column, one row per test id (no missing, extra or
+duplicate ids), and values of the right kind (finite numbers for regression
+and AUC, known class labels for accuracy/F1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wmrl.envs.autoresearch.metrics import percentile as leaderboard_percentile
+from wmrl.envs.autoresearch.task import Task
+
+
+class Status(enum.IntEnum):
+    MALFORMED = 0
+    RUNTIME_ERROR = 1
+    TIMEOUT = 2
+    NO_SUBMISSION = 3
+    INVALID_SUBMISSION = 4
+    VALID = 5
+    UNGRADED = 6
+
+
+_LADDER = {
+    Status.MALFORMED: 0.0,
+    Status.RUNTIME_ERROR: 0.1,
+    Status.TIMEOUT: 0.1,
+    Status.NO_SUBMISSION: 0.2,
+    Status.INVALID_SUBMISSION: 0.2,
+    Status.UNGRADED: math.nan,
+}
+
+
+def reward(status: Status, pct: float | None = None) -> float:
+    """Reward for a status; VALID needs the leaderboard percentile in [0, 1]."""
+    if status == Status.VALID:
+        if pct is None or not 0.0 <= pct <= 1.0:
+            raise ValueError(f"VALID needs a percentile in [0, 1], got {pct}")
+        return 0.5 + 0.5 * pct
+    return _LADDER[Status(status)]
+
+
+def check_script(source: bytes) -> str | None:
+    """Return why a script is malformed (None if it compiles). Never executes it."""
+    if not source.strip():
+        return "empty script"
+    try:
+        text = source.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"script is not valid UTF-8: {e}"
+    try:
+        compile(text, "script.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Grade:
+    status: Status
+    score: float | None
+    percentile: float | None
+    reward: float
+    detail: str
+
+
+def _canonical_label(x: str) -> str:
+    """'1', '1.0' and ' 1' are the same class; 'cat' stays 'cat'."""
+    s = str(x).strip()
+    try:
+        f = float(s)
+    except ValueError:
+        return s
+    if math.isfinite(f) and f == int(f):
+        return str(int(f))
+    return s
+
+
+def _invalid(detail: str) -> Grade:
+    return Grade(Status.INVALID_SUBMISSION, None, None, reward(Status.INVALID_SUBMISSION), detail)
+
+
+def grade_submission(task: Task, submission_path: str | Path) -> Grade:
+    """Validate a submission file against the task's hidden labels and score it."""
+    path = Path(submission_path)
+    if not path.is_file():
+        return Grade(Status.NO_SUBMISSION, None, None, reward(Status.NO_SUBMISSION), "no file")
+    try:
+        sub = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as e:  # any parse failure is the agent's fault
+        return _invalid(f"submission is not a readable CSV: {type(e).__name__}: {e}")
+    sub.columns = [str(c).strip() for c in sub.columns]
+    labels = _read_str_csv(task.labels_path, None)
+    for col in (task.id_column, task.target):
+        if col not in sub.columns:
+            return _invalid(f"submission lacks column {col!r} (has {list(sub.columns)[:10]})")
+    if len(sub) != len(labels):
+        return _invalid(f"submission has {len(sub)} rows, test set has {len(labels)}")
+    sub_ids = sub[task.id_column].map(_canonical_label)
+    if sub_ids.duplicated().any():
+        return _invalid("duplicate ids in submission")
+    true_ids = labels[task.id_column].map(_canonical_label)
+    if set(sub_ids) != set(true_ids):
+        return _invalid("submission ids do not match the test ids")
+    pred = sub.set_index(sub_ids)[task.target].reindex(true_ids).to_numpy()
+    metric = task.metric
+    if task.type == "regression" or metric.needs_scores:
+        values = pd.to_numeric(pd.Series(pred), errors="coerce").to_numpy(dtype=float)
+        if not np.all(np.isfinite(values)):
+            return _invalid("predictions must be finite numbers (found NaN, inf or text)")
+        y_pred = values
+    else:
+        y_pred = np.array([_canonical_label(v) for v in pred], dtype=object)
+        if any(v == "" for v in y_pred):
+            return _invalid("empty predictions")
+    if task.type == "regression":
+        y_true = labels[task.target].astype(float).to_numpy()
+    elif metric.needs_scores:
+        y_true = labels[task.target].map(_canonical_label).astype(int).to_numpy()
+    else:
+        y_true = labels[task.target].map(_canonical_label).to_numpy(dtype=object)
+        unknown = set(y_pred) - set(y_true) - _train_classes(task)
+        if unknown:
+            return _invalid(f"predictions contain unknown class labels {sorted(unknown)[:5]}")
+    score = metric.fn(y_true, y_pred)
+    if not math.isfinite(score):
+        return _invalid(f"score is not finite ({score})")
+    pct = leaderboard_percentile(score, list(task.reference_scores), metric.higher_is_better)
+    return Grade(Status.VALID, score, pct, reward(Status.VALID, pct), "ok")
+
+
+def _train_classes(task: Task) -> set[str]:
+    col = _read_str_csv(task.public_dir / "train.csv", task.target)[task.target]
+    return {_canonical_label(v) for v in col.unique()}
+
+
+def _read_str_csv(path: Path, column: str | None) -> pd.DataFrame:
+    """Task files read as strings, cached by (path, mtime): the pool grades every
+    execution of a task against the same labels."""
+    st = path.stat()
+    return _cached_csv(str(path), st.st_mtime_ns, st.st_size, column).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_csv(path: str, mtime_ns: int, size: int, column: str | None) -> pd.DataFrame:
+    del mtime_ns, size  # cache key only
+    usecols = None if column is None else [column]
+    return pd.read_csv(path, usecols=usecols, dtype=str, keep_default_na=False)

@@ -1,0 +1,144 @@
+"""Thin wrappers over the Linux calls the sandbox needs, and the namespace root view.
+
+ctypes rather than the ``unshare``/``mount`` binaries: no extra process per
+execution and no dependency beyond libc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+
+
+SANDBOX_DATA = "/sandbox/data"
+SANDBOX_WORK = "/sandbox/work"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check_call(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None):
+    enc = lambda s: None if s is None else s.encode()
+    check_call(_libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)), f"mount {dst}")
+
+
+def unshare(flags: int) -> None:
+    check_call(_libc.unshare(flags), "unshare")
+
+
+def prctl(option: int, arg: int) -> None:
+    check_call(_libc.prctl(option, arg, 0, 0, 0), "prctl")
+
+
+def _system_binds() -> list[str]:
+    """Host directories the script needs read-only: system libs and the Python install."""
+    paths = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32"]
+    for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        paths.append(os.path.realpath(p))
+    paths.append(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    out: list[str] = []
+    for p in sorted(set(paths), key=len):
+        if os.path.lexists(p) and not any(p == q or p.startswith(q + "/") for q in out):
+            out.append(p)
+    return out
+
+
+def build_root(job: dict) -> None:
+    """In the sandbox's private mount namespace: assemble the script's view and chroot.
+
+    ``<workdir>/work`` must already be the job's size-capped tmpfs (mounted by
+    the supervisor, which reads the submission from it afterwards).
+    """
+    root = os.path.join(job["workdir"], "root")
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    for path in _system_binds():
+        dst = root + path
+        if os.path.islink(path):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(path), dst)
+            continue
+        os.makedirs(dst, exist_ok=True)
+        mount(path, dst, None, MS_BIND | MS_REC)
+        mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    dev = root + "/dev"
+    os.makedirs(dev)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in ("null", "zero", "random", "urandom"):
+        open(f"{dev}/{name}", "w").close()
+        mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
+        os.symlink(target, f"{dev}/{name}")
+    os.makedirs(dev + "/shm")
+    mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+    data, work = root + SANDBOX_DATA, root + SANDBOX_WORK
+    os.makedirs(data)
+    os.makedirs(work)
+    os.makedirs(root + "/tmp")
+    os.makedirs(root + "/proc")
+    mount(job["data_dir"], data, None, MS_BIND)
+    mount(None, data, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    mount(os.path.join(job["workdir"], "work"), work, None, MS_BIND)
+    mount(work + "/tmp", root + "/tmp", None, MS_BIND)
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m")
+    os.chroot(root)
+    os.chdir(SANDBOX_WORK)
+
+
+def live_pids_with_uid(lo: int, hi: int | None = None) -> list[int]:
+    """Live (non-zombie) processes with a real, effective or saved uid in [lo, hi)."""
+    hi = lo + 1 if hi is None else hi
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        uids = [int(u) for u in fields.get("Uid", "").split()[:3]]
+        state = fields.get("State", "").strip()
+        if any(lo <= u < hi for u in uids) and not state.startswith(("Z", "X")):
+            pids.append(int(entry))
+    return pids
+
+
+def kill_uid(uid: int, timeout: float = 2.0) -> None:
+    """Kill every process of a per-slot uid (rlimits mode, as root).
+
+    Scans repeat until none is left: a process forked between a scan and the
+    kill would otherwise survive (RLIMIT_NPROC bounds how many can appear).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = live_pids_with_uid(uid)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)

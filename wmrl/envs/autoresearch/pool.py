@@ -1,0 +1,373 @@
+"""A pool of sandbox slots with an async API, so execution overlaps with JAX work.
+
+    with SandboxPool(num_workers=4) as pool:
+        futures = pool.submit_batch([(task, script), ...])
+        for fut in pool.as_completed(futures):
+            result = fut.result()          # ExecutionResult, never raises
+        pool.free_slots()                  # anchor routing caps its budget by this
+
+Every execution is forked from one template process (``forkserver``) that
+has numpy/pandas/scikit-learn imported. Infrastructure failures (the
+template died, a supervisor crashed, the work dir could not be built) are
+retried once and otherwise returned as ``Status.UNGRADED``, which the trainer
+masks out; agent failures are never retried.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from wmrl.envs.autoresearch import cgroups, sandbox
+from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
+from wmrl.envs.autoresearch.sandbox import Limits
+from wmrl.envs.autoresearch.task import Task
+
+TAIL_CHARS = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionResult:
+    """The outcome of one script on one task (what ``run`` prints as JSON)."""
+
+    task_id: str
+    status: Status
+    reward: float
+    score: float | None
+    percentile: float | None
+    runtime_s: float
+    stdout_tail: str
+    stderr_tail: str
+    isolation: str
+    detail: str = ""
+    attempts: int = 1
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["status"] = self.status.name
+        d["status_id"] = int(self.status)
+        return d
+
+
+class InfrastructureError(RuntimeError):
+    """The sandbox machinery failed; not the script's fault."""
+
+
+class _TemplateProcess:
+    """The forkserver child and a reader thread that wakes waiting jobs."""
+
+    def __init__(self, preimport: bool):
+        repo_root = str(Path(__file__).resolve().parents[3])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "wmrl.envs.autoresearch.forkserver"]
+        if not preimport:
+            cmd.append("--no-preimport")
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True
+        )
+        line = self.proc.stdout.readline()
+        if not line:
+            raise InfrastructureError("sandbox template process failed to start")
+        hello = json.loads(line)
+        self.isolation: str = hello["isolation"]
+        self.base_vm_mb: int = hello["base_vm_mb"]
+        self._lock = threading.Lock()
+        self._waiting: dict[str, tuple[threading.Event, list]] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self._lock:
+                waiter = self._waiting.pop(msg["id"], None)
+            if waiter:
+                waiter[1].append(msg["exit"])
+                waiter[0].set()
+        with self._lock:  # template died: wake everyone with no exit code
+            for event, _ in self._waiting.values():
+                event.set()
+            self._waiting.clear()
+
+    def run(self, job: dict, timeout: float) -> None:
+        event, box = threading.Event(), []
+        with self._lock:
+            if not self.alive():
+                raise InfrastructureError("sandbox template process is not running")
+            self._waiting[job["id"]] = (event, box)
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        if not event.wait(timeout) or not box:
+            raise InfrastructureError("supervisor did not report back")
+        if box[0] != 0:
+            raise InfrastructureError(f"supervisor exited with {box[0]}")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _check_traversable(path: str) -> None:
+    """rlimits mode runs scripts as an unprivileged uid that must reach its work dir."""
+    p = Path(path)
+    for parent in [p, *p.parents]:
+        if not parent.stat().st_mode & 0o001:
+            raise ValueError(
+                f"rlimits sandbox: {parent} is not world-traversable, so the sandbox uid "
+                "cannot reach its work dir; pass a workroot such as the system temp dir"
+            )
+
+
+class SandboxPool:
+    """N sandbox slots (default: number of cores) fed from a thread pool.
+
+    Args:
+      num_workers: concurrent executions.
+      isolation: "auto" (strongest available), "namespaces" or "rlimits".
+      prefork: run scripts in a fork of the pre-imported template (fast) rather
+        than exec-ing a fresh interpreter (slow start-up, same isolation).
+      workroot: where per-execution temp dirs are made (default: system tmp).
+      limits: overrides for ``sandbox.Limits``; the task's own time and memory
+        limits apply unless overridden here.
+    """
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        isolation: str = "auto",
+        prefork: bool = True,
+        workroot: str | None = None,
+        **limit_overrides,
+    ):
+        self.num_workers = num_workers or os.cpu_count() or 1
+        self.prefork = prefork
+        self._limit_overrides = limit_overrides
+        self._workroot = tempfile.mkdtemp(prefix="wmrl-sandbox-", dir=workroot)
+        os.chmod(self._workroot, 0o755)
+        self._template_lock = threading.Lock()
+        self._template = _TemplateProcess(preimport=prefork)
+        host_level, _, cgroup = self._template.isolation.partition("+")
+        if isolation not in ("auto", host_level, "rlimits"):
+            self.close()
+            raise ValueError(
+                f"isolation {isolation!r} is not available here "
+                f"(host allows {self._template.isolation!r})"
+            )
+        self._level = host_level if isolation == "auto" else isolation
+        self._cgroup = cgroup == "cgroup"
+        self.isolation = self._level + ("+cgroup" if self._cgroup else "")
+        if self._level == "rlimits" and os.geteuid() == 0:
+            _check_traversable(self._workroot)
+        if self.num_workers > sandbox.UID_BLOCK:
+            raise ValueError(f"at most {sandbox.UID_BLOCK} workers per pool")
+        self.uid_base = sandbox.allocate_uid_block()
+        self._stale_cgroups: list[str] = []
+        self._slots: queue.Queue[int] = queue.Queue()
+        for i in range(self.num_workers):
+            self._slots.put(i)
+        self._executor = cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix="sandbox")
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+
+    # -- public API ----------------------------------------------------------
+
+    def submit(self, task: Task, script: str | bytes) -> cf.Future:
+        """Queue one execution; the future resolves to an ExecutionResult (never raises)."""
+        source = script.encode("utf-8") if isinstance(script, str) else bytes(script)
+        with self._pending_lock:
+            self._pending += 1
+        fut = self._executor.submit(self._execute, task, source)
+        fut.add_done_callback(self._on_done)
+        return fut
+
+    def submit_batch(self, items: Iterable[tuple[Task, str | bytes]]) -> list[cf.Future]:
+        return [self.submit(task, script) for task, script in items]
+
+    @staticmethod
+    def as_completed(futures: Iterable[cf.Future]) -> Iterator[cf.Future]:
+        return cf.as_completed(list(futures))
+
+    def run(self, task: Task, script: str | bytes) -> ExecutionResult:
+        """Blocking convenience for one execution."""
+        return self.submit(task, script).result()
+
+    def free_slots(self) -> int:
+        """Slots not taken by running or queued executions."""
+        with self._pending_lock:
+            return max(0, self.num_workers - self._pending)
+
+    def close(self) -> None:
+        if hasattr(self, "_executor"):
+            self._executor.shutdown(wait=True)
+        self._template.close()  # waits for every supervisor to exit
+        for name in getattr(self, "_stale_cgroups", []):
+            cgroups.remove_stale(name)
+        shutil.rmtree(self._workroot, ignore_errors=True)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------
+
+    def _on_done(self, _fut: cf.Future) -> None:
+        with self._pending_lock:
+            self._pending -= 1
+
+    def _limits(self, task: Task) -> Limits:
+        base = {"time_limit_s": task.time_limit_s, "memory_mb": task.memory_mb}
+        base.update(self._limit_overrides)
+        return Limits(**base)
+
+    def _template_for_job(self) -> _TemplateProcess:
+        with self._template_lock:
+            if not self._template.alive():
+                self._template.close()
+                self._template = _TemplateProcess(preimport=self.prefork)
+            return self._template
+
+    def _execute(self, task: Task, source: bytes) -> ExecutionResult:
+        t0 = time.monotonic()
+        problem = check_script(source)
+        if problem is not None:
+            return ExecutionResult(
+                task.id,
+                Status.MALFORMED,
+                reward(Status.MALFORMED),
+                None,
+                None,
+                0.0,
+                "",
+                "",
+                self.isolation,
+                problem,
+            )
+        last_error = ""
+        for attempt in (1, 2):
+            try:
+                return dataclasses.replace(self._attempt(task, source), attempts=attempt)
+            except Exception as e:  # infrastructure: retry once, then UNGRADED
+                last_error = f"{type(e).__name__}: {e}"
+        return ExecutionResult(
+            task.id,
+            Status.UNGRADED,
+            reward(Status.UNGRADED),
+            None,
+            None,
+            time.monotonic() - t0,
+            "",
+            "",
+            self.isolation,
+            last_error,
+            attempts=2,
+        )
+
+    def _attempt(self, task: Task, source: bytes) -> ExecutionResult:
+        limits = self._limits(task)
+        slot = self._slots.get()
+        workdir = job = None
+        reported = False
+        try:
+            workdir = Path(tempfile.mkdtemp(prefix=f"{task.id[:40]}-", dir=self._workroot))
+            os.chmod(workdir, 0o755)
+            (workdir / "out").mkdir()
+            (workdir / "root").mkdir()
+            if self._level == "namespaces":
+                data_dir = task.public_dir  # bind-mounted read-only: nothing to copy
+            else:  # the script may run as our own user here: give it copies
+                data_dir = workdir / "data"
+                data_dir.mkdir()
+                for name in ("train.csv", "test.csv", "description.md"):
+                    shutil.copyfile(task.public_dir / name, data_dir / name)
+            (workdir / "script.py").write_bytes(source)
+            job = {
+                "id": uuid.uuid4().hex,
+                "workdir": str(workdir),
+                "data_dir": str(data_dir),
+                "limits": limits.to_json(),
+                "slot": slot,
+                "uid": self.uid_base + slot,
+                "isolation": self._level,
+                "cgroup": self._cgroup,
+                "prefork": self.prefork,
+            }
+            self._template_for_job().run(job, timeout=limits.time_limit_s + 60)
+            raw = json.loads((workdir / "result.json").read_text())
+            if raw.get("infra_error"):
+                raise InfrastructureError(raw["infra_error"])
+            reported = True
+            return self._grade(task, limits, raw, workdir / "out" / "submission.csv")
+        finally:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if self._cgroup and job is not None and not reported:
+                # The supervisor removes its own cgroup unless it was killed; a
+                # killed one may still be dying, so close() sweeps these again.
+                self._stale_cgroups.append(f"wmrl-{job['id']}")
+                cgroups.remove_stale(self._stale_cgroups[-1], timeout=0.5)
+            self._slots.put(slot)
+
+    def _grade(self, task: Task, limits: Limits, raw: dict, sub_path: Path) -> ExecutionResult:
+        cpu_limit = int(limits.time_limit_s) + 1
+        cpu_hit = raw.get("cpu_s") is not None and raw["cpu_s"] >= cpu_limit - 0.05
+        sig = raw.get("signal")
+        detail = ""
+        if raw.get("oom_killed"):
+            status, score, pct = Status.RUNTIME_ERROR, None, None
+            detail = "memory limit (a process was OOM-killed in the job cgroup)"
+        elif raw["timed_out"] or (sig is not None and cpu_hit) or sig == 24:  # 24 = SIGXCPU
+            status, score, pct, detail = Status.TIMEOUT, None, None, "time limit"
+        elif sig is not None or raw.get("exit_code") not in (0, None):
+            status, score, pct = Status.RUNTIME_ERROR, None, None
+            detail = f"signal {sig}" if sig is not None else f"exit code {raw['exit_code']}"
+        else:
+            sub = raw.get("submission")
+            grade = grade_submission(task, sub_path) if sub == "ok" else None
+            if sub == "too_large":
+                status, score, pct = Status.INVALID_SUBMISSION, None, None
+                detail = f"submission larger than {limits.submission_mb} MB"
+            elif grade is None:
+                status, score, pct, detail = Status.NO_SUBMISSION, None, None, "no submission"
+            else:
+                status, score, pct, detail = (
+                    grade.status,
+                    grade.score,
+                    grade.percentile,
+                    grade.detail,
+                )
+        return ExecutionResult(
+            task_id=task.id,
+            status=status,
+            reward=reward(status, pct),
+            score=score,
+            percentile=pct,
+            runtime_s=float(raw["runtime_s"]),
+            stdout_tail=raw["stdout_tail"][-TAIL_CHARS:],
+            stderr_tail=raw["stderr_tail"][-TAIL_CHARS:],
+            isolation=raw["isolation"],
+            detail=detail,
+        )

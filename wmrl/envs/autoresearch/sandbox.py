@@ -1,0 +1,495 @@
+"""One isolated execution of an agent-written script.
+
+Isolation levels (``detect_isolation`` picks the strongest the host allows):
+
+``namespaces`` (root, as in CI):
+    Everything in ``rlimits`` plus fresh PID, network, IPC, UTS and mount
+    namespaces. The script sees a private root file system holding only
+    read-only system directories (/usr, /etc, the Python installation), its
+    data read-only at /sandbox/data, a size-capped tmpfs at /sandbox/work
+    (cwd, HOME, TMPDIR, /tmp) and a fresh /proc. Protects against: reading the
+    private labels or anything else on the host (they are not in its view),
+    network access (only a down loopback exists), signalling or even seeing
+    host processes (private PID space; the script is PID 1 of it, so when it
+    ends or is killed at the time limit the kernel kills every process it
+    started, double-fork daemons included), filling the host disk (tmpfs quota), writing outside
+    its directory (read-only view), and keeping root (it runs as an unprivileged
+    per-slot uid with no_new_privs).
+
+``rlimits`` (fallback when namespaces are unavailable):
+    own session / process group, scrubbed environment, no inherited file
+    descriptors, a fresh temporary working directory with copies of the public
+    data, rlimits (CPU seconds, address space, processes, file size, open
+    files, no core dumps), a wall-clock timeout that kills the whole group,
+    capped stdout/stderr capture. As root it also drops to a per-slot uid
+    (so it cannot signal its supervisor or read 0700 ``private/`` dirs) and
+    kills every process of that uid afterwards. Does NOT protect against:
+    network access, reading world-readable host files, a daemon that leaves
+    the process group when not running as root, and filling the disk with many
+    files each under the file-size limit.
+
+``+cgroup`` (either level, where cgroup v1 is writable): a per-execution
+memory + pids cgroup caps the total over all the script's processes (see
+``cgroups``); an OOM kill there is graded as a runtime error.
+
+The supervisor (``supervise``) runs in a forked child of the pool's template
+process (see ``forkserver``). With ``prefork`` the script itself runs in a fork
+of that pre-imported interpreter (numpy/pandas/scikit-learn already loaded),
+which removes ~2 s of import time per execution while every isolation step
+above still happens in the child before the script's first line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import resource
+import select
+import shutil
+import signal
+import stat
+import sys
+import time
+import traceback
+
+from wmrl.envs.autoresearch import cgroups
+from wmrl.envs.autoresearch.linux import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUTS,
+    MS_NODEV,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_REC,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_PDEATHSIG,
+    SANDBOX_DATA,
+    SANDBOX_WORK,
+    build_root,
+    kill_uid,
+    mount,
+    prctl,
+    unshare,
+)
+
+UID_BASE = 61000  # sandbox uids need not exist in /etc/passwd
+UID_BLOCK = 64  # uids per pool: one per slot
+UID_BLOCKS = 32000  # sandbox uids live in [UID_BASE, UID_BASE + UID_BLOCK * UID_BLOCKS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Resource limits for one execution.
+
+    memory_mb is address space *beyond* the pre-imported interpreter's own
+    (numpy/pandas/sklearn reserve several hundred MB of virtual memory before
+    the script runs a line), so the budget means the same in every mode.
+    """
+
+    time_limit_s: float = 60.0
+    memory_mb: int = 2048
+    nproc: int = 256
+    nofile: int = 256
+    fsize_mb: int = 256
+    disk_mb: int = 256
+    submission_mb: int = 32
+    output_tail_bytes: int = 4096
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_ISOLATION: str | None = None
+
+
+def detect_isolation() -> str:
+    """The strongest level this host allows: "namespaces" or "rlimits", plus "+cgroup".
+
+    Probes for real in a throw-away child (unshare + tmpfs mount), so a
+    container that forbids it falls back instead of failing every run. The
+    "+cgroup" suffix says per-execution memory/pids cgroups (``cgroups.py``)
+    cap the total over all of a script's processes.
+    """
+    level = _detect_base_isolation()
+    return level + "+cgroup" if cgroups.available() else level
+
+
+def _detect_base_isolation() -> str:
+    global _ISOLATION
+    if _ISOLATION is None:
+        _ISOLATION = "rlimits"
+        if sys.platform.startswith("linux") and os.geteuid() == 0:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
+                    mount(None, "/", None, MS_REC | MS_PRIVATE)
+                    mount("tmpfs", "/tmp", "tmpfs", 0, "size=1m")
+                    code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) == 0:
+                _ISOLATION = "namespaces"
+    return _ISOLATION
+
+
+_pool_counter = itertools.count()
+
+
+def allocate_uid_block() -> int:
+    """First uid of a fresh block for one pool (slot i runs as block + i).
+
+    Distinct pools (in this process or others on the host) get distinct
+    blocks, so RLIMIT_NPROC, signals and the rlimits-mode uid sweep never
+    touch another pool's sandboxes.
+    """
+    block = (os.getpid() % (UID_BLOCKS // 16)) * 16 + next(_pool_counter) % 16
+    return UID_BASE + UID_BLOCK * block
+
+
+def _vm_size_mb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def _script_env(data_dir: str, work_dir: str) -> dict[str, str]:
+    """The whole environment the script gets: nothing inherited from the host."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": work_dir,
+        "TMPDIR": os.path.join(work_dir, "tmp"),
+        "LANG": "C.UTF-8",
+        "DATA_DIR": data_dir,
+        "SUBMISSION_PATH": os.path.join(work_dir, "submission.csv"),
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+    }
+
+
+def _become_script(
+    job: dict, uid: int | None, env: dict, out_w: int, err_w: int, ready_w: int
+) -> None:
+    """In the script's own process: drop privileges and limits, then run it. Never returns.
+
+    One byte on ``ready_w`` marks the moment every isolation step is done:
+    a failure before it is the sandbox's (exit 125, infrastructure), after it
+    the script's.
+    """
+    code = 125
+    try:
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, ready_w)
+        os.closerange(ready_w + 1, 65536)
+        # What a fresh interpreter would have (the template changed SIGCHLD).
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        limits = job["limits"]
+        cpu = int(limits["time_limit_s"]) + 1
+        mem = (job["base_vm_mb"] + limits["memory_mb"]) * 2**20
+        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+            f.write("0")  # the supervisor is exempt from OOM kills; the script is not
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a credential change clears it
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        for res, val in (
+            (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+            (resource.RLIMIT_AS, (mem, mem)),
+            (resource.RLIMIT_NPROC, (limits["nproc"], limits["nproc"])),
+            (resource.RLIMIT_NOFILE, (limits["nofile"], limits["nofile"])),
+            (resource.RLIMIT_FSIZE, (limits["fsize_mb"] * 2**20,) * 2),
+            (resource.RLIMIT_CORE, (0, 0)),
+        ):
+            resource.setrlimit(res, val)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        code = 1
+        script = os.path.join(os.getcwd(), "script.py")
+        if not job["prefork"]:
+            os.execve(sys.executable, [sys.executable, "-B", script], env)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = [script]
+        sys.path[0] = os.getcwd()
+        import runpy
+
+        code = 0
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, int | None):
+                print(e.code, file=sys.stderr)
+        except BaseException as e:
+            _print_script_traceback(e, script)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code & 0xFF)
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    """Print a traceback that starts at the script's own frames (sandbox frames hidden)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+
+
+def _copy_submission(src_path: str, out_dir_fd: int, cap: int) -> str:
+    """Copy a regular, non-symlink submission file out of the sandbox.
+
+    Returns "ok", "missing" (no file, a symlink, or not a regular file) or
+    "too_large" (over ``cap`` bytes: the grader would otherwise parse a huge
+    CSV in the trainer's process).
+    """
+    try:
+        fd = os.open(src_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "missing"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "missing"
+        if info.st_size > cap:
+            return "too_large"
+        chunks, total = [], 0
+        while total <= cap:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > cap:
+            return "too_large"
+    finally:
+        os.close(fd)
+    out = os.open("submission.csv", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=out_dir_fd)
+    with os.fdopen(out, "wb") as f:
+        f.write(b"".join(chunks))
+    return "ok"
+
+
+def _status_fields(status: int, rusage) -> dict:
+    fields = {"exit_code": None, "signal": None, "cpu_s": None, "max_rss_mb": None}
+    if os.WIFSIGNALED(status):
+        fields["signal"] = os.WTERMSIG(status)
+    else:
+        fields["exit_code"] = os.WEXITSTATUS(status)
+    if rusage is not None:
+        fields["cpu_s"] = rusage.ru_utime + rusage.ru_stime
+        fields["max_rss_mb"] = rusage.ru_maxrss / 1024
+    return fields
+
+
+class _Tail:
+    """Keep the last ``cap`` bytes of a stream and count the total."""
+
+    def __init__(self, cap: int):
+        self.cap, self.buf, self.total = cap, b"", 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self.buf = (self.buf + chunk)[-self.cap :]
+
+    def text(self) -> str:
+        return self.buf.decode("utf-8", errors="replace")
+
+
+def _enter_job_cgroup(job: dict):
+    """Put the supervisor (and so the whole sandbox) in a fresh memory + pids cgroup.
+
+    The cap covers the script's memory plus its tmpfs work dir and /dev/shm,
+    with slack for the supervisor, which is exempted from the OOM
+    killer so that an OOM kill always lands on the script's processes.
+    Returns None (and the run says so) if the cgroup cannot be made.
+    """
+    limits = job["limits"]
+    mem = (limits["memory_mb"] + limits["disk_mb"] + 16 + 64) * 2**20
+    try:
+        cg = cgroups.JobCgroup(f"wmrl-{job['id']}", mem, limits["nproc"] + 16)
+        cg.enter()
+    except OSError:
+        return None
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-1000")
+    return cg
+
+
+def _drain(fds: dict[int, _Tail], until: float) -> None:
+    """Read the pipes until EOF or the deadline (a killed sandbox closes them quickly)."""
+    open_fds = dict(fds)
+    while open_fds:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        ready, _, _ = select.select(list(open_fds), [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                open_fds[fd].add(chunk)
+            else:
+                del open_fds[fd]
+
+
+def _prepare_work_dir(job: dict, uid: int | None) -> str:
+    """The script's cwd: a size-capped tmpfs (namespaces) or a plain directory."""
+    work = os.path.join(job["workdir"], "work")
+    os.makedirs(work)
+    if job["isolation"] == "namespaces":
+        # Mounted in the supervisor's private mount namespace: the host never
+        # sees it and it vanishes with the supervisor.
+        owner = f",uid={uid},gid={uid}" if uid is not None else ""
+        size = job["limits"]["disk_mb"]
+        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=0700{owner}")
+    os.makedirs(os.path.join(work, "tmp"))
+    shutil.copyfile(os.path.join(job["workdir"], "script.py"), os.path.join(work, "script.py"))
+    if uid is not None:
+        for p in (work, os.path.join(work, "tmp"), os.path.join(work, "script.py")):
+            os.chown(p, uid, uid)
+    return work
+
+
+def _start_script(job: dict, uid: int | None, work: str, out_w: int, err_w: int, ready_w: int):
+    """Fork the script process and return its pid.
+
+    With namespaces the script is PID 1 of its own PID namespace, so its exit
+    (or our SIGKILL) takes every process it started with it. ``ready_w``
+    gets one byte once isolation is in place: without it, a failure is the
+    sandbox's (infrastructure), not the script's.
+    """
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setsid()
+        if job["isolation"] == "namespaces":
+            build_root(job)
+            env = _script_env(SANDBOX_DATA, SANDBOX_WORK)
+        else:
+            os.chdir(work)
+            env = _script_env(job["data_dir"], work)
+    except BaseException:
+        os.write(err_w, traceback.format_exc().encode())
+        os._exit(125)
+    _become_script(job, uid, env, out_w, err_w, ready_w)
+
+
+def supervise(job: dict, report=None) -> dict:
+    """Run one job under isolation; return raw outcome fields.
+
+    ``job``: id, workdir (holding script.py and empty out/ and root/),
+    data_dir (the public data, read-only to the script), limits
+    (``Limits.to_json()``), uid, isolation, cgroup, prefork, and base_vm_mb
+    (added by the template).
+
+    Must run in a process that may fork and that owns no threads (a fork of
+    the template). The script's status is *not* decided here; the grader
+    turns these fields into a ``Status``. ``report``, if given, is called
+    with the result before the (slower) cgroup teardown.
+    """
+    t0 = time.monotonic()
+    limits = job["limits"]
+    isolation = job["isolation"]
+    uid = int(job["uid"]) if os.geteuid() == 0 else None
+    cgroup = _enter_job_cgroup(job) if job.get("cgroup") else None
+    if isolation == "namespaces":
+        unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+    work = _prepare_work_dir(job, uid)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    tails = {out_r: _Tail(limits["output_tail_bytes"]), err_r: _Tail(limits["output_tail_bytes"])}
+    pid = _start_script(job, uid, work, out_w, err_w, ready_w)
+    for fd in (out_w, err_w, ready_w):
+        os.close(fd)
+    try:
+        exit_fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        exit_fd = None  # old kernel: poll instead
+    watched = [out_r, err_r, ready_r] + ([exit_fd] if exit_fd is not None else [])
+    deadline = t0 + limits["time_limit_s"]
+    timed_out, setup_ok, fields = False, False, None
+    while fields is None:
+        now = time.monotonic()
+        if now >= deadline:
+            timed_out = True
+            break
+        wait = deadline - now if exit_fd is not None else min(deadline - now, 0.005)
+        for fd in select.select(watched, [], [], wait)[0]:
+            if fd == exit_fd:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if fd == ready_r:
+                setup_ok = setup_ok or chunk == b"1"
+            elif chunk:
+                tails[fd].add(chunk)
+            if not chunk:
+                watched.remove(fd)
+        got, status, rusage = os.wait4(pid, os.WNOHANG)
+        if got == pid:
+            fields = _status_fields(status, rusage)
+    runtime = time.monotonic() - t0
+    if fields is None:  # timed out; with namespaces, killing PID 1 kills them all
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if isolation != "namespaces":
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        if uid is not None:
+            kill_uid(uid)
+    _drain(tails, time.monotonic() + 1.0)
+    for fd in [out_r, err_r, ready_r] + ([exit_fd] if exit_fd is not None else []):
+        os.close(fd)
+    result = {"exit_code": None, "signal": None, "cpu_s": None, "max_rss_mb": None}
+    result.update(fields or {})
+    result["infra_error"] = None
+    if not setup_ok and not timed_out:
+        result["infra_error"] = "sandbox setup failed: " + tails[err_r].text()[-1000:]
+    out_fd = os.open(os.path.join(job["workdir"], "out"), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        sub = os.path.join(work, "submission.csv")
+        result["submission"] = _copy_submission(sub, out_fd, limits["submission_mb"] * 2**20)
+    finally:
+        os.close(out_fd)
+    if cgroup is not None:
+        result["oom_killed"] = cgroup.oom_killed()
+    result.update(
+        timed_out=timed_out,
+        runtime_s=runtime,
+        stdout_tail=tails[out_r].text(),
+        stderr_tail=tails[err_r].text(),
+        stdout_bytes=tails[out_r].total,
+        stderr_bytes=tails[err_r].total,
+        isolation=isolation + ("+cgroup" if cgroup is not None else ""),
+    )
+    if report is not None:
+        report(result)
+    if cgroup is not None:
+        cgroup.leave_and_remove()
+    return result

@@ -1,0 +1,149 @@
+"""The task directory format (public: users add their own tasks).
+
+    <task>/task.json              id, type, metric, target, id_column, time_limit_s,
+                                  memory_mb, provenance {source, licence, notes}
+    <task>/public/train.csv       features + target
+    <task>/public/test.csv        features only
+    <task>/public/description.md  the card the agent sees
+    <task>/private/test_labels.csv  id_column + target; never visible to the agent
+    <task>/leaderboard.json       {"metric": ..., "scores": [...], "entries": [...]}
+
+``load_task`` checks all of this and raises ``TaskError`` naming the first
+problem, so a broken user task fails at load time, not inside the pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from wmrl.envs.autoresearch.metrics import Metric, get_metric
+
+TASK_TYPES = ("classification", "regression")
+REQUIRED_FIELDS = ("id", "type", "metric", "target", "id_column", "time_limit_s", "memory_mb")
+
+
+class TaskError(ValueError):
+    """A task directory that does not follow the format."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A loaded, validated task. Paths are absolute; data stay on disk."""
+
+    root: Path
+    id: str
+    type: str
+    metric_name: str
+    target: str
+    id_column: str
+    time_limit_s: float
+    memory_mb: int
+    provenance: dict
+    split: str
+    reference_scores: tuple[float, ...]
+
+    @property
+    def metric(self) -> Metric:
+        return get_metric(self.metric_name)
+
+    @property
+    def public_dir(self) -> Path:
+        return self.root / "public"
+
+    @property
+    def labels_path(self) -> Path:
+        return self.root / "private" / "test_labels.csv"
+
+    @property
+    def card(self) -> str:
+        return (self.public_dir / "description.md").read_text()
+
+
+def _read_header(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        line = f.readline().rstrip("\r\n")
+    if not line:
+        raise TaskError(f"{path} is empty")
+    return [c.strip().strip('"') for c in line.split(",")]
+
+
+def load_task(root: str | os.PathLike) -> Task:
+    """Load and validate a task directory; raise TaskError naming what is wrong."""
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise TaskError(f"task directory {root} does not exist")
+    for rel in (
+        "task.json",
+        "public/train.csv",
+        "public/test.csv",
+        "public/description.md",
+        "private/test_labels.csv",
+        "leaderboard.json",
+    ):
+        if not (root / rel).is_file():
+            raise TaskError(f"task {root.name}: missing file {rel}")
+    try:
+        meta = json.loads((root / "task.json").read_text())
+    except json.JSONDecodeError as e:
+        raise TaskError(f"task {root.name}: task.json is not valid JSON ({e})") from e
+    missing = [k for k in REQUIRED_FIELDS if k not in meta]
+    if missing:
+        raise TaskError(f"task {root.name}: task.json lacks fields {missing}")
+    if meta["type"] not in TASK_TYPES:
+        raise TaskError(f"task {root.name}: type {meta['type']!r} not in {TASK_TYPES}")
+    try:
+        metric = get_metric(meta["metric"])
+    except ValueError as e:
+        raise TaskError(f"task {root.name}: {e}") from e
+    if metric.task_type != meta["type"]:
+        raise TaskError(
+            f"task {root.name}: metric {metric.name} is for {metric.task_type}, "
+            f"task type is {meta['type']}"
+        )
+    target, id_col = meta["target"], meta["id_column"]
+    train_cols = _read_header(root / "public/train.csv")
+    test_cols = _read_header(root / "public/test.csv")
+    label_cols = _read_header(root / "private/test_labels.csv")
+    if target not in train_cols:
+        raise TaskError(f"task {root.name}: target {target!r} absent from train.csv")
+    if target in test_cols:
+        raise TaskError(f"task {root.name}: target {target!r} leaks into test.csv")
+    for name, cols in (("train.csv", train_cols), ("test.csv", test_cols)):
+        if id_col not in cols:
+            raise TaskError(f"task {root.name}: id column {id_col!r} absent from {name}")
+    if label_cols[:2] != [id_col, target]:
+        raise TaskError(
+            f"task {root.name}: private/test_labels.csv must have columns "
+            f"[{id_col}, {target}], has {label_cols}"
+        )
+    try:
+        board = json.loads((root / "leaderboard.json").read_text())
+        scores = tuple(float(s) for s in board["scores"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise TaskError(f"task {root.name}: leaderboard.json needs a 'scores' list ({e})") from e
+    if float(meta["time_limit_s"]) <= 0 or int(meta["memory_mb"]) <= 0:
+        raise TaskError(f"task {root.name}: time_limit_s and memory_mb must be positive")
+    return Task(
+        root=root,
+        id=str(meta["id"]),
+        type=meta["type"],
+        metric_name=metric.name,
+        target=target,
+        id_column=id_col,
+        time_limit_s=float(meta["time_limit_s"]),
+        memory_mb=int(meta["memory_mb"]),
+        provenance=dict(meta.get("provenance", {})),
+        split=str(meta.get("split", "train")),
+        reference_scores=scores,
+    )
+
+
+def load_suite(root: str | os.PathLike, split: str | None = None) -> list[Task]:
+    """Load every task directory under ``root`` (optionally one split), sorted by id."""
+    tasks = [load_task(p) for p in sorted(Path(root).iterdir()) if (p / "task.json").is_file()]
+    if split is not None:
+        tasks = [t for t in tasks if t.split == split]
+    return tasks

@@ -1,0 +1,97 @@
+"""Entry point: `python -m wmrl.main --config=configs/<name>.py --workdir=DIR`.
+
+Kept short on purpose: parse flags, validate the config, join a multi-process run when one is
+detected (`wmrl.distributed`), prepare the workdir, hand over to the experiment's library function
+(which Colab can import and call directly).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from wmrl import distributed
+from wmrl.config_errors import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, plots and checkpoints.")
+flags.mark_flags_as_required(["config", "workdir"])
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-process: HOST:PORT of process 0 (with the next two)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
+
+EXPERIMENTS = ("bandit",)
+
+
+def validate(config) -> None:
+    experiment = config.get("experiment")
+    if experiment not in EXPERIMENTS:
+        raise ConfigError("config.experiment", f"unknown experiment {experiment!r}")
+    if experiment == "bandit":
+        from wmrl.bandits.problem import validate_bandit_config
+
+        validate_bandit_config(config)
+
+
+def check_fresh_workdir(workdir: Path) -> None:
+    """Refuse to overwrite a finished run (checked by every process, so all of them stop)."""
+    if (workdir / "summary.json").exists():
+        raise FileExistsError(
+            f"{workdir} already holds a finished run (summary.json exists); "
+            "choose a new --workdir or delete that one"
+        )
+
+
+def prepare_workdir(workdir: Path, config) -> None:
+    """Write the resolved config (process 0 only)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+
+
+def use_all_cpu_cores() -> None:
+    """Expose one XLA CPU device per core (before jax is imported) so independent bandit seeds
+    run in parallel; it changes nothing on accelerators, whose devices are unaffected."""
+    flags_now = os.environ.get("XLA_FLAGS", "")
+    if "jax" not in sys.modules and "host_platform_device_count" not in flags_now:
+        n = os.cpu_count() or 1
+        os.environ["XLA_FLAGS"] = f"{flags_now} --xla_force_host_platform_device_count={n}".strip()
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    config = _CONFIG.value
+    workdir = Path(_WORKDIR.value)
+    try:
+        validate(config)
+        cluster = distributed.detect_cluster(
+            coordinator_address=_COORDINATOR.value,
+            num_processes=_NUM_PROCESSES.value,
+            process_id=_PROCESS_ID.value,
+        )
+        check_fresh_workdir(workdir)
+    except (ConfigError, FileExistsError, ValueError) as e:
+        logging.error("%s", e)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    distributed.maybe_initialize(cluster)
+    if distributed.writes_outputs(cluster):
+        prepare_workdir(workdir, config)
+    if config.experiment == "bandit":
+        use_all_cpu_cores()
+        from wmrl.bandits.experiment import run_suite
+
+        # Every process computes the suite; only the output owner writes it.
+        summary = run_suite(config, workdir if distributed.writes_outputs(cluster) else None)
+        table = {v: s["final_suboptimality"] for v, s in summary["variants"].items()}
+        print(json.dumps({"workdir": str(workdir), "final_suboptimality": table}, indent=2))
+
+
+if __name__ == "__main__":
+    app.run(main)
