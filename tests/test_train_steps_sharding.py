@@ -148,7 +148,7 @@ def test_bad_mesh_and_batch_raise():
 
 def test_wm_step_same_on_single_device_and_3d_mesh():
     from wmrl.models.config import TransformerConfig
-    from wmrl.models.train_steps import make_wm_train_step
+    from wmrl.models.train_steps import make_wm_score_fn, make_wm_train_step
     from wmrl.models.world_model import WorldModel, WorldModelConfig, bootstrap_weights
 
     trunk = TransformerConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=4,
@@ -177,6 +177,15 @@ def test_wm_step_same_on_single_device_and_3d_mesh():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4),
                  s1.params, s8.params)  # fmt: skip
     assert s8.params["head_w1"].sharding.spec == P(None, "fsdp", "tensor")
+    mesh = make_mesh((2, 2, 2))
+    score = make_wm_score_fn(graphdef, jax.tree.map(lambda x: x.sharding, s8), mesh)
+    pred = score(s8.params, batch["tokens"], batch["input_mask"])
+    model = nnx.merge(graphdef, jax.tree.map(np.asarray, s1.params))
+    outputs = model(jnp.asarray(batch["tokens"]), jnp.asarray(batch["input_mask"]))
+    w = np.exp(-np.asarray(outputs["log_var"]))  # independent inverse-variance fusion
+    expected = (w * np.asarray(outputs["mean"])).sum(0) / w.sum(0)
+    np.testing.assert_allclose(pred["score"], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(pred["score_var"], 1 / w.sum(0), rtol=1e-4)
 
 
 def test_logprobs_fn_and_data_parallel_divisibility():

@@ -33,7 +33,7 @@ from wmrl.models.transformer import (
     positions_from_mask,
     token_logprobs,
 )
-from wmrl.models.world_model import wm_loss_fn, wm_normalisers
+from wmrl.models.world_model import predict, wm_loss_fn, wm_normalisers
 
 Metrics = dict[str, tuple[jax.Array, jax.Array]]
 # loss_fn(model, micro_batch, normaliser) -> (loss divided by the global normaliser, metrics)
@@ -253,3 +253,20 @@ def make_logprobs_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
             return jitted(params, tokens, input_mask)
 
     return logprobs
+
+
+def make_wm_score_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
+    """Jitted `(params, tokens, input_mask) -> predict(...)` dict of `[B]` arrays (WM score,
+    score_var, epistemic/aleatoric/predictive variances) with the train state's shardings."""
+
+    def fn(params, tokens, input_mask):
+        return predict(nnx.merge(graphdef, params)(tokens, input_mask))
+
+    data = batch_sharding(mesh, 2)
+    jitted = jax.jit(fn, in_shardings=(shardings.params, data, data))
+
+    def score(params, tokens, input_mask):
+        with jax.set_mesh(mesh):
+            return jitted(params, tokens, input_mask)
+
+    return score
