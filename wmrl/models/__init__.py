@@ -1,0 +1,1 @@
+"""Policy and world-model transformers, sampler, sharding rules and train steps."""

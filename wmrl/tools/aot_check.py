@@ -1,0 +1,93 @@
+"""AOT-compile the policy train step of a model config on fake CPU devices.
+
+  python -m wmrl.tools.aot_check --config=configs/model_4b.py --mesh=1,4,2
+  python -m wmrl.tools.aot_check --config=configs/model_4b.py --mesh=2,8,2
+
+`--mesh` is `data,fsdp,tensor` (missing trailing axes are 1). The fake CPU
+device count is set from the mesh size *before* jax is imported, which is why
+jax and everything that imports it are imported inside `main`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+
+def _mesh_from_argv(argv: list[str]) -> tuple[int, ...] | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--mesh="):
+            text = arg.split("=", 1)[1]
+        elif arg == "--mesh" and i + 1 < len(argv):
+            text = argv[i + 1]
+        else:
+            continue
+        try:
+            shape = tuple(int(s) for s in text.split(","))
+        except ValueError:
+            raise SystemExit(
+                f"--mesh must be comma-separated ints like 2,2,2, got {text!r}"
+            ) from None
+        if any(s < 1 for s in shape):
+            raise SystemExit(f"--mesh {text!r}: give every axis size explicitly (no -1 or 0)")
+        return shape
+    return None
+
+
+def _set_fake_devices(argv: list[str]) -> None:
+    shape = _mesh_from_argv(argv)
+    if shape is not None:
+        flag = f"--xla_force_host_platform_device_count={math.prod(shape)}"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def main() -> None:
+    _set_fake_devices(sys.argv)
+
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "configs/model_*.py file", lock_config=True)
+    flags.DEFINE_string("mesh", None, "data,fsdp,tensor sizes (default: the config's mesh_shape)")
+    flags.DEFINE_integer("batch_size", None, "override the config's batch_size")
+    flags.DEFINE_integer("seq_len", None, "override the config's seq_len")
+
+    def run(_):
+        from wmrl.models.model_configs import transformer_config
+        from wmrl.models.sharding import make_mesh
+        from wmrl.tools.aot import aot_policy_step
+
+        FLAGS = flags.FLAGS
+        config = FLAGS.config
+        cfg = transformer_config(config)
+        shape = _mesh_from_argv(sys.argv) or tuple(config.mesh_shape)
+        mesh = make_mesh(shape)
+        r = aot_policy_step(
+            cfg, mesh,
+            FLAGS.batch_size or config.batch_size,
+            FLAGS.seq_len or config.seq_len,
+            config.num_micro_batches,
+        )  # fmt: skip
+
+        def size(n: int) -> str:
+            return f"{n / (1 << 30):.3f} GiB ({n / (1 << 20):,.1f} MiB)"
+
+        rows = [
+            ("mesh", f"{r['mesh']} ({r['num_devices']} devices)"),
+            ("parameters", f"{r['num_params']:,}"),
+            ("per-device params", size(r["per_device_param_bytes"])),
+            ("per-device optimiser", size(r["per_device_opt_bytes"])),
+        ]
+        for k in ("argument", "output", "alias", "temp", "generated_code"):
+            rows.append((f"compiled {k}_size", size(r[k + "_size_in_bytes"])))
+        rows.append(("lower / compile", f"{r['lower_s']:.1f} s / {r['compile_s']:.1f} s"))
+        for name, value in rows:
+            print(f"{name:<30} {value}")
+
+    app.run(run)
+
+
+if __name__ == "__main__":
+    main()
