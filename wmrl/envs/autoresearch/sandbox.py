@@ -50,9 +50,11 @@ import select
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from wmrl.envs.autoresearch import cgroups
 from wmrl.envs.autoresearch.linux import (
@@ -118,23 +120,29 @@ def detect_isolation() -> str:
     return level + "+cgroup" if cgroups.available() else level
 
 
+_PROBE = """
+from wmrl.envs.autoresearch.linux import (
+    CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, MS_PRIVATE, MS_REC, mount, unshare)
+unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
+mount(None, "/", None, MS_REC | MS_PRIVATE)
+mount("tmpfs", "/tmp", "tmpfs", 0, "size=1m")
+"""
+
+
 def _detect_base_isolation() -> str:
     global _ISOLATION
     if _ISOLATION is None:
         _ISOLATION = "rlimits"
         if sys.platform.startswith("linux") and os.geteuid() == 0:
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
-                    mount(None, "/", None, MS_REC | MS_PRIVATE)
-                    mount("tmpfs", "/tmp", "tmpfs", 0, "size=1m")
-                    code = 0
-                finally:
-                    os._exit(code)
-            _, status = os.waitpid(pid, 0)
-            if os.waitstatus_to_exitcode(status) == 0:
+            # Probe in a fresh interpreter rather than a fork of this process: the caller is
+            # often a trainer with JAX's threads running, and forking those is unsafe.
+            probe = subprocess.run(
+                [sys.executable, "-c", _PROBE],
+                capture_output=True,
+                timeout=60,
+                cwd=str(Path(__file__).resolve().parents[3]),
+            )
+            if probe.returncode == 0:
                 _ISOLATION = "namespaces"
     return _ISOLATION
 
