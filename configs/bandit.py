@@ -42,6 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.bandit.group_size = 8
     c.bandit.baseline = "mean"  # or "rloo"
     c.bandit.normalize_std = True
+    # How WM scores are drawn: "exact" samples the fused (or averaged) score from its exact
+    # Gaussian law, one draw per pull; "heads" draws all M heads and combines them. Equal in
+    # law; "exact" is ~2x faster on CPU.
+    c.bandit.wm_sampling = "exact"
     c.bandit.constant_bias = 0.3  # the global offset of the `constant_bias` control
     c.bandit.contextual = False
     c.bandit.context_dim = 4

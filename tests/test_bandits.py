@@ -134,3 +134,38 @@ def test_jax_suite_agrees_with_independent_numpy_loop(variant):
     np_sub = run_numpy_variant(config, variant, num_seeds=24, num_steps=400)["final_suboptimality"]
     se = np.sqrt(jax_sub.var() / jax_sub.size + np_sub.var() / np_sub.size)
     assert abs(jax_sub.mean() - np_sub.mean()) < 4 * se + 0.005, (jax_sub.mean(), np_sub.mean())
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_exact_law_score_sampling_matches_drawing_the_heads(fuse):
+    """`wm_sampling="exact"` draws the combined score from the law of combining M heads."""
+    problem = make_problem(get_config())
+    n = 40000
+    arms = jnp.asarray(np.repeat(np.arange(5), n // 5))
+    x = jnp.zeros((n, 0))
+    bias = problem.wm_bias[arms]
+    k1, k2 = jax.random.split(jax.random.key(3))
+    means, log_vars = bt.wm_heads(problem, k1, arms, x, bias)
+    heads, var_h = bt.wm_score(means, log_vars, fuse)
+    exact, var_e = bt.wm_score_exact(problem, jax.random.normal(k2, (n,)), arms, x, bias, fuse)
+    np.testing.assert_allclose(var_h, var_e, rtol=1e-5)
+    heads, exact, a = np.asarray(heads), np.asarray(exact), np.asarray(arms)
+    for k in range(5):
+        h, e = heads[a == k], exact[a == k]
+        sd = np.sqrt(float(var_h[a == k][0]))
+        mean = float(problem.true_rewards[k] + problem.wm_bias[k])
+        for sample in (h, e):  # both unbiased with the reported spread (4 s.e. bounds)
+            assert abs(sample.mean() - mean) < 4 * sd / np.sqrt(sample.size)
+            assert abs(sample.std() / sd - 1) < 4 / np.sqrt(2 * sample.size)
+
+
+def test_heads_sampling_mode_gives_the_same_suite_results():
+    config = get_config()
+    config.bandit.wm_sampling = "heads"
+    config.num_seeds = 8
+    config.num_steps = 2000
+    config.variants = ("wm_only", "wmrl")
+    config.log_points = 5
+    s = run_suite(config)["variants"]
+    assert s["wmrl"]["frac_seeds_optimal"] >= 0.9
+    assert s["wm_only"]["frac_seeds_optimal"] == 0.0

@@ -95,6 +95,10 @@ def validate_bandit_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("config.bandit.context_dim", f"must be >= 1, got {b.context_dim}")
     if b.baseline not in ("mean", "rloo"):
         raise ConfigError("config.bandit.baseline", f"must be 'mean' or 'rloo', got {b.baseline}")
+    if b.wm_sampling not in ("exact", "heads"):
+        raise ConfigError(
+            "config.bandit.wm_sampling", f"must be 'exact' or 'heads', got {b.wm_sampling!r}"
+        )
     unknown = [v for v in config.variants if v not in VARIANTS]
     if unknown or not config.variants:
         raise ConfigError(

@@ -59,6 +59,16 @@ VARIANT_SPECS: dict[str, VariantSpec] = {
 # ----------------------------------------------------------------------------- policy
 
 
+def pick(table: jax.Array, arms: jax.Array) -> jax.Array:
+    """`table[..., arms]` per pull as a one-hot select: table [K] or [N, K], arms [N] -> [N].
+
+    With a handful of arms a dense compare-and-sum vectorises, where a gather inside the
+    vmapped, scanned step runs element by element on CPU.
+    """
+    hot = arms[:, None] == jnp.arange(table.shape[-1])
+    return jnp.sum(jnp.where(hot, table, 0), axis=-1)
+
+
 def init_policy(problem: BanditProblem) -> dict[str, jax.Array]:
     """Uniform softmax policy: logits = b + x @ W."""
     k, d = problem.num_arms, problem.context_dim
@@ -75,7 +85,7 @@ def policy_gradient(params, x: jax.Array, arms: jax.Array, adv: jax.Array):
 
     def surrogate(p):
         logp = jax.nn.log_softmax(policy_logits(p, x))
-        return jnp.mean(adv * jnp.take_along_axis(logp, arms[:, None], axis=1)[:, 0])
+        return jnp.mean(adv * pick(logp, arms))
 
     return jax.grad(surrogate)(params)
 
@@ -93,11 +103,17 @@ def sample_arms(u: jax.Array, logits: jax.Array) -> jax.Array:
     return jnp.sum(u[..., None] > cdf, axis=-1).astype(jnp.int32)
 
 
+def head_log_vars(problem: BanditProblem) -> jax.Array:
+    """[M, K] log-variance of every head for every arm (a per-arm constant of the WM)."""
+    sd = problem.head_scales[:, None] * problem.wm_noise[None, :]
+    return jnp.log(jnp.maximum(sd, 1e-6) ** 2)
+
+
 def wm_heads_from_noise(problem: BanditProblem, eps: jax.Array, arms, x: jax.Array, bias):
     """Per-head WM means and log-variances [M, N] given standard-normal noise eps [M, N]."""
-    r = jnp.take_along_axis(problem.rewards(x), arms[:, None], axis=1)[:, 0]
-    sd = problem.wm_noise[arms][None, :] * problem.head_scales[:, None]
-    return r + bias + sd * eps, jnp.log(jnp.maximum(sd, 1e-6) ** 2)
+    r = pick(problem.rewards(x), arms)
+    log_vars = jax.vmap(pick, in_axes=(0, None))(head_log_vars(problem), arms)
+    return r + bias + jnp.exp(0.5 * log_vars) * eps, log_vars
 
 
 def wm_heads(problem: BanditProblem, rng: jax.Array, arms: jax.Array, x: jax.Array, bias):
@@ -115,6 +131,26 @@ def wm_score(means: jax.Array, log_vars: jax.Array, fuse: bool) -> tuple[jax.Arr
     return means.mean(axis=0), jnp.exp(log_vars).sum(axis=0) / m**2
 
 
+def score_variance_per_arm(problem: BanditProblem, fuse: bool) -> jax.Array:
+    """[K] variance of the combined WM score of each arm (fused or plain head average)."""
+    log_vars = head_log_vars(problem)
+    return wm_score(jnp.zeros_like(log_vars), log_vars, fuse)[1]
+
+
+def wm_score_exact(problem: BanditProblem, eps: jax.Array, arms, x: jax.Array, bias, fuse: bool):
+    """Draw the WM score from its exact law, one normal per pull (eps [N]).
+
+    The heads are independent Gaussians whose variances depend only on the arm, so both the
+    inverse-variance fusion and the plain average are Gaussian with mean `r + b` and the
+    variance that `wm_score` reports. Drawing that directly is equal in law to drawing the M
+    heads and combining them (`tests/test_bandits.py` checks it), with 1 random number per pull
+    instead of M: on CPU the threefry draws dominate the vmapped step.
+    """
+    r = pick(problem.rewards(x), arms)
+    var = pick(score_variance_per_arm(problem, fuse), arms)
+    return r + bias + jnp.sqrt(var) * eps, var
+
+
 @dataclasses.dataclass(frozen=True)
 class StepStatics:
     """Everything static about one variant's step (hashable config pieces)."""
@@ -127,6 +163,7 @@ class StepStatics:
     constant_bias: float
     baseline: str
     normalize_std: bool
+    wm_sampling: str
     routing: routing.RoutingConfig
     debias: debias.DebiasConfig
     denoise: denoise.DenoiseConfig
@@ -140,6 +177,8 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
 
     M = problem.num_heads
     uses_wm = spec.reward == "wm"
+    # "heads" draws every head; "exact" draws the (fused or averaged) score from its exact law.
+    wm_draws = (M if st.wm_sampling == "heads" else 1) if uses_wm else 0
     n_anchor_groups = int(routing.num_anchor_groups(num_groups, num_groups, st.routing))
 
     def step(carry, rng):
@@ -148,11 +187,11 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
         # One uniform per pull for the action, one normal block for contexts, real noise and
         # the WM heads: few, large RNG calls keep the vmapped step cheap.
         u = jax.random.uniform(k_u, (B,))
-        eps = jax.random.normal(k_eps, (B * (d + 1 + (M if uses_wm else 0)),))
+        eps = jax.random.normal(k_eps, (B * (d + 1 + wm_draws),))
         x = eps[: B * d].reshape(B, d)
         arms = sample_arms(u, policy_logits(params, x))
         r_all = problem.rewards(x)
-        r_true = jnp.take_along_axis(r_all, arms[:, None], axis=1)[:, 0]
+        r_true = pick(r_all, arms)
         real = r_true + problem.real_noise * eps[B * d : B * (d + 1)]
         if not uses_wm:
             score = var = real
@@ -160,10 +199,13 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
             if spec.constant_bias:
                 bias = jnp.full((B,), st.constant_bias)
             else:
-                bias = jnp.take_along_axis(problem.bias(x), arms[:, None], axis=1)[:, 0]
-            head_eps = eps[B * (d + 1) :].reshape(M, B)
-            means, log_vars = wm_heads_from_noise(problem, head_eps, arms, x, bias)
-            score, var = wm_score(means, log_vars, spec.fuse)
+                bias = pick(problem.bias(x), arms)
+            head_eps = eps[B * (d + 1) :].reshape(wm_draws, B)
+            if st.wm_sampling == "heads":
+                means, log_vars = wm_heads_from_noise(problem, head_eps, arms, x, bias)
+                score, var = wm_score(means, log_vars, spec.fuse)
+            else:
+                score, var = wm_score_exact(problem, head_eps[0], arms, x, bias, spec.fuse)
         calibrated = debias.apply_debias(corr.debias, score, arms, st.debias)
 
         if spec.anchors:
@@ -242,6 +284,7 @@ def statics_from_config(config: ml_collections.ConfigDict, variant: str) -> Step
         constant_bias=b.constant_bias,
         baseline=b.baseline,
         normalize_std=b.normalize_std,
+        wm_sampling=b.wm_sampling,
         routing=routing.RoutingConfig(rho=b.anchor_fraction, min_groups=1),
         debias=debias.DebiasConfig(
             mode=mode,
