@@ -88,3 +88,33 @@ def test_execute_resume_build_and_pipeline(suite, tmp_path):
     assert dataset.SEP.encode() in first
     statuses = sorted(int(s) for bb in batches for s in bb["status"])
     assert statuses == sorted(int(src[i]["status"]) for i in range(3))
+    bucketed = list(
+        dataset.make_pipeline(
+            tmp_path / "tfds",
+            "train",
+            batch_size=3,
+            seq_len=4096,
+            max_card_tokens=64,
+            bucket_lengths=(64, 4096, 1024),
+            shuffle=False,
+        )
+    )
+    width = bucketed[0]["tokens"].shape[1]
+    assert width in (1024, 4096) and width >= bucketed[0]["mask"].sum(1).max()
+
+
+def test_trim_to_bucket_hand_numbers():
+    mask = np.zeros((3, 16), np.int32)
+    mask[0, :5] = 1
+    mask[1, :9] = 1
+    batch = {
+        "tokens": np.arange(48, dtype=np.int32).reshape(3, 16),
+        "mask": mask,
+        "status": np.zeros(3, np.int32),
+    }
+    out = dataset.trim_to_bucket(batch, [4, 8, 12])
+    assert out["tokens"].shape == (3, 12) and out["mask"].shape == (3, 12)  # longest row 9
+    np.testing.assert_array_equal(out["tokens"], batch["tokens"][:, :12])
+    assert dataset.trim_to_bucket(batch, [4, 8])["tokens"].shape == (3, 16)  # none fits
+    short = {**batch, "mask": np.zeros((3, 16), np.int32)}
+    assert dataset.trim_to_bucket(short, [4, 8])["tokens"].shape == (3, 4)

@@ -57,30 +57,10 @@ def read_corpus(path: str | os.PathLike) -> list[str]:
 
 
 def train_spm(corpus_path, model_prefix, vocab_size: int = 4000) -> Path:
-    """Train a BPE sentencepiece model that round-trips code exactly."""
-    import sentencepiece as spm
+    """Train the project tokenizer (BPE, exact code round trip) on the corpus."""
+    from wmrl.tokenizer import Tokenizer
 
-    texts = read_corpus(corpus_path)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_prefix=str(model_prefix),
-        vocab_size=vocab_size,
-        hard_vocab_limit=False,
-        model_type="bpe",
-        normalization_rule_name="identity",
-        remove_extra_whitespaces=False,
-        add_dummy_prefix=False,
-        allow_whitespace_only_pieces=True,
-        byte_fallback=True,
-        character_coverage=1.0,
-        user_defined_symbols=["\n"],
-        max_sentence_length=1 << 20,
-        pad_id=0,
-        unk_id=1,
-        bos_id=2,
-        eos_id=3,
-        minloglevel=2,
-    )
+    Tokenizer.train(read_corpus(corpus_path), model_prefix, vocab_size=vocab_size)
     return Path(f"{model_prefix}.model")
 
 

@@ -212,11 +212,10 @@ def byte_tokenizer(text: str) -> list[int]:
 
 
 def spm_tokenizer(model_path: str | os.PathLike) -> Tokenize:
-    """A sentencepiece model (see ``corpus.train_spm``) as a tokenize callable."""
-    import sentencepiece as spm
+    """The project tokenizer (``wmrl.tokenizer``; see ``corpus.train_spm``) as a callable."""
+    from wmrl.tokenizer import Tokenizer
 
-    sp = spm.SentencePieceProcessor(model_file=str(model_path))
-    return lambda text: sp.encode(text)
+    return Tokenizer.load(model_path).encode
 
 
 SEP = "\n### SCRIPT\n"
@@ -263,8 +262,15 @@ def make_pipeline(
     shuffle: bool = True,
     num_epochs: int | None = 1,
     drop_remainder: bool = True,
+    bucket_lengths: Sequence[int] | None = None,
 ):
-    """A grain MapDataset of padded batches: dict of [batch, ...] numpy arrays."""
+    """A grain MapDataset of padded batches: dict of [batch, ...] numpy arrays.
+
+    With `bucket_lengths` (ascending, the last one >= the longest sequence you keep), every
+    batch's `tokens`/`mask` are cut to the smallest bucket that holds its longest example:
+    short batches stop paying for `seq_len` of padding, while the set of shapes a jitted
+    consumer sees stays small.
+    """
     import grain.python as grain
 
     ds = grain.MapDataset.source(data_source(data_dir, split))
@@ -272,7 +278,21 @@ def make_pipeline(
         ds = ds.shuffle(seed=seed)
     ds = ds.repeat(num_epochs)
     ds = ds.map(lambda ex: encode_example(ex, tokenize, seq_len, max_card_tokens))
-    return ds.batch(batch_size, drop_remainder=drop_remainder)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    if bucket_lengths:
+        buckets = sorted(int(b) for b in bucket_lengths)
+        if buckets[0] < 1:
+            raise ValueError(f"bucket_lengths must be positive, got {bucket_lengths}")
+        ds = ds.map(lambda batch: trim_to_bucket(batch, buckets))
+    return ds
+
+
+def trim_to_bucket(batch: dict, buckets: Sequence[int]) -> dict:
+    """Cut a padded batch's token axis to the smallest bucket >= its longest row."""
+    longest = int(batch["mask"].sum(axis=1).max(initial=0))
+    fits = [b for b in buckets if b >= longest]
+    width = min(fits[0] if fits else batch["tokens"].shape[1], batch["tokens"].shape[1])
+    return {**batch, "tokens": batch["tokens"][:, :width], "mask": batch["mask"][:, :width]}
 
 
 FLAGS = flags.FLAGS
