@@ -181,79 +181,89 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
     wm_draws = (M if st.wm_sampling == "heads" else 1) if uses_wm else 0
     n_anchor_groups = int(routing.num_anchor_groups(num_groups, num_groups, st.routing))
 
+    anchor_pulls = n_anchor_groups * G if spec.anchors else 0
+    # Real executions drawn per step: every pull for `real`, only the anchor pulls otherwise.
+    real_draws = B if not uses_wm else anchor_pulls
+
     def step(carry, rng):
         params, corr = carry["params"], carry["corr"]
         k_u, k_eps, k_route = jax.random.split(rng, 3)
-        # One uniform per pull for the action, one normal block for contexts, real noise and
-        # the WM heads: few, large RNG calls keep the vmapped step cheap.
+        # One uniform per pull for the action and one normal block for contexts, real noise and
+        # the WM: few, large RNG calls keep the vmapped step cheap (threefry dominates on CPU).
         u = jax.random.uniform(k_u, (B,))
-        eps = jax.random.normal(k_eps, (B * (d + 1 + wm_draws),))
+        eps = jax.random.normal(k_eps, (B * (d + wm_draws) + real_draws,))
         x = eps[: B * d].reshape(B, d)
+        real_eps = eps[B * d : B * d + real_draws]
+        head_eps = eps[B * d + real_draws :].reshape(wm_draws, B)
         arms = sample_arms(u, policy_logits(params, x))
-        r_all = problem.rewards(x)
-        r_true = pick(r_all, arms)
-        real = r_true + problem.real_noise * eps[B * d : B * (d + 1)]
+        r_true = pick(problem.rewards(x), arms)
         if not uses_wm:
-            score = var = real
-        else:
-            if spec.constant_bias:
-                bias = jnp.full((B,), st.constant_bias)
-            else:
-                bias = pick(problem.bias(x), arms)
-            head_eps = eps[B * (d + 1) :].reshape(wm_draws, B)
-            if st.wm_sampling == "heads":
-                means, log_vars = wm_heads_from_noise(problem, head_eps, arms, x, bias)
-                score, var = wm_score(means, log_vars, spec.fuse)
-            else:
-                score, var = wm_score_exact(problem, head_eps[0], arms, x, bias, spec.fuse)
-        calibrated = debias.apply_debias(corr.debias, score, arms, st.debias)
+            real = r_true + problem.real_noise * real_eps
+            adv = grpo.group_advantages(
+                real, G, baseline=st.baseline, normalize_std=st.normalize_std
+            )
+            grad = policy_gradient(params, x, arms, adv)
+            params = jax.tree.map(lambda p, g: p + st.learning_rate * g, params, grad)
+            metrics = {
+                "cost": jnp.asarray(st.real_cost * B, jnp.float32),
+                "anchor_weight": jnp.ones(()),
+                "bias_reduction": jnp.zeros(()),
+            }
+            return {"params": params, "corr": corr}, metrics
 
-        if spec.anchors:
-            is_anchor, _ = routing.route_anchors(k_route, num_groups, st.routing)
+        if spec.constant_bias:
+            bias = jnp.full((B,), st.constant_bias)
         else:
-            is_anchor = jnp.zeros((num_groups,), bool)
-        anchor_pull = jnp.repeat(is_anchor, G)
-        rewards = jnp.where(anchor_pull, real, calibrated) if uses_wm else real
+            bias = pick(problem.bias(x), arms)
+        if st.wm_sampling == "heads":
+            means, log_vars = wm_heads_from_noise(problem, head_eps, arms, x, bias)
+            score, var = wm_score(means, log_vars, spec.fuse)
+        else:
+            score, var = wm_score_exact(problem, head_eps[0], arms, x, bias, spec.fuse)
+        calibrated = debias.apply_debias(corr.debias, score, arms, st.debias)
+        rewards = calibrated
+        weight = denoise.anchor_weight(corr.denoise, st.denoise)
+        metrics = {
+            "cost": jnp.asarray(B + st.real_cost * anchor_pulls, jnp.float32),
+            "anchor_weight": weight if spec.anchor_weight else jnp.ones(()),
+            "bias_reduction": jnp.zeros(()),
+        }
+        is_anchor = jnp.zeros((num_groups,), bool)
+        if spec.anchors:
+            # Whole groups are executed for real; only they get real rewards (and real noise).
+            is_anchor, _ = routing.route_anchors(k_route, num_groups, st.routing)
+            groups = jnp.nonzero(is_anchor, size=n_anchor_groups)[0]
+            take = lambda v: v.reshape(num_groups, G)[groups]
+            real = take(r_true) + problem.real_noise * real_eps.reshape(n_anchor_groups, G)
+            rewards = calibrated.reshape(num_groups, G).at[groups].set(real).reshape(B)
+            diag = debias.bias_diagnostic(
+                take(score).reshape(-1), take(calibrated).reshape(-1), real.reshape(-1), G
+            )
+            metrics["bias_reduction"] = diag["bias_reduction"]
         if spec.cross_iv:
             # Negative control: weights *different* pulls by their own inverse variance.
+            anchor_pull = jnp.repeat(is_anchor, G)
             w = denoise.cross_sample_weights(jnp.where(anchor_pull, 1.0, var), G)
             rewards = rewards * jnp.where(anchor_pull, 1.0, w)
         adv = grpo.group_advantages(
             rewards, G, baseline=st.baseline, normalize_std=st.normalize_std
         )
-        weight = denoise.anchor_weight(corr.denoise, st.denoise)
         if spec.anchor_weight:
             adv = grpo.apply_anchor_weight(adv, G, is_anchor, weight)
         grad = policy_gradient(params, x, arms, adv)
         params = jax.tree.map(lambda p, g: p + st.learning_rate * g, params, grad)
 
         if spec.anchors:
-            # Only the anchor groups carry pairs: gather them (a static count, since routing
-            # has no capacity limit here) rather than feeding all B pulls behind a mask.
-            groups = jnp.nonzero(is_anchor, size=n_anchor_groups)[0]
-            take = lambda v: v.reshape(num_groups, G)[groups]
             new_debias = debias.update_debias(
                 corr.debias,
                 take(score).reshape(-1),
-                take(real).reshape(-1),
+                real.reshape(-1),
                 take(arms).reshape(-1),
-                jnp.ones((n_anchor_groups * G,), bool),
+                jnp.ones((anchor_pulls,), bool),
                 st.debias,
             )
-            new_denoise = denoise.update_denoise(
-                corr.denoise, take(calibrated), take(real), st.denoise
-            )
+            new_denoise = denoise.update_denoise(corr.denoise, take(calibrated), real, st.denoise)
             corr = corr.replace(debias=new_debias, denoise=new_denoise)
-
-        n_real = anchor_pull.sum() if uses_wm else B
-        n_wm = B if uses_wm else 0
-        cost = st.real_cost * n_real + 1.0 * n_wm
-        diag = debias.bias_diagnostic(score, calibrated, real, G)
-        metrics = {
-            "cost": cost,
-            "anchor_weight": weight if spec.anchor_weight else jnp.ones(()),
-            "bias_reduction": diag["bias_reduction"],
-        }
         return {"params": params, "corr": corr}, metrics
 
     return step

@@ -69,6 +69,15 @@ def build_root(job: dict) -> None:
     """
     root = os.path.join(job["workdir"], "root")
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    # Data, work dir and /tmp first: the Python installation may itself live under /tmp (a
+    # checkout or venv there), and its bind must then land inside the job's /tmp, not under it.
+    data, work = root + SANDBOX_DATA, root + SANDBOX_WORK
+    for d in (data, work, root + "/tmp", root + "/proc"):
+        os.makedirs(d)
+    mount(job["data_dir"], data, None, MS_BIND)
+    mount(None, data, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    mount(os.path.join(job["workdir"], "work"), work, None, MS_BIND)
+    mount(work + "/tmp", root + "/tmp", None, MS_BIND)
     for path in _system_binds():
         dst = root + path
         if os.path.islink(path):
@@ -93,15 +102,6 @@ def build_root(job: dict) -> None:
         os.symlink(target, f"{dev}/{name}")
     os.makedirs(dev + "/shm")
     mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
-    data, work = root + SANDBOX_DATA, root + SANDBOX_WORK
-    os.makedirs(data)
-    os.makedirs(work)
-    os.makedirs(root + "/tmp")
-    os.makedirs(root + "/proc")
-    mount(job["data_dir"], data, None, MS_BIND)
-    mount(None, data, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    mount(os.path.join(job["workdir"], "work"), work, None, MS_BIND)
-    mount(work + "/tmp", root + "/tmp", None, MS_BIND)
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m")
     os.chroot(root)
