@@ -35,7 +35,11 @@ def run_variant(config: ml_collections.ConfigDict, variant: str) -> tuple[dict, 
     """Compile and run one variant over all seeds. Returns (numpy outputs, compile_s, run_s)."""
     rngs = seed_keys(config.seed, config.num_seeds)
     t0 = time.perf_counter()
-    compiled = jax.jit(make_train(config, variant)).lower(rngs).compile()
+    # Each seed draws its own small arrays inside a vmap, so the partitionable threefry layout
+    # (meant for one big sharded draw) buys nothing here, and the classic one is ~1.5x faster
+    # on CPU. Random streams differ between the two; statistics do not.
+    with jax.threefry_partitionable(False):
+        compiled = jax.jit(make_train(config, variant)).lower(rngs).compile()
     t1 = time.perf_counter()
     out = jax.block_until_ready(compiled(rngs))
     t2 = time.perf_counter()
