@@ -147,6 +147,25 @@ def test_bfloat16_params_load(reference):
     assert cfg.param_dtype == "bfloat16"
 
 
+def test_sharded_bfloat16_checkpoint_reads_exactly(reference, tmp_path):
+    """A bf16 checkpoint split over several files (with the index json), as released
+    Qwen3 checkpoints are: loaded into fp32 params it must equal the bf16 reference
+    upcast to fp32."""
+    ckpt_dir = str(tmp_path / "bf16_sharded")
+    bf16 = _tiny_qwen3(str(tmp_path / "fp32"), tied=reference[2], seed=3).to(torch.bfloat16)
+    bf16.save_pretrained(ckpt_dir, safe_serialization=True, max_shard_size="40KB")
+    assert os.path.exists(os.path.join(ckpt_dir, "model.safetensors.index.json"))
+    assert len([n for n in os.listdir(ckpt_dir) if n.endswith(".safetensors")]) > 1
+    cfg, params = load_hf_checkpoint(ckpt_dir)
+    assert params["embed_vd"].dtype == jnp.float32
+    tokens, mask = _batch()
+    # Reload rather than `bf16.float()`: that would keep the rotary `inv_freq` buffer
+    # rounded to bf16, a different (worse) reference than the fp32 one HF computes.
+    ref_model = transformers.Qwen3ForCausalLM.from_pretrained(ckpt_dir, dtype=torch.float32)
+    ref = _reference_logits(ref_model.eval(), tokens, mask)
+    np.testing.assert_allclose(_ours(cfg, params, tokens, mask)[mask], ref[mask], atol=1e-4)
+
+
 def _copy(ckpt, tmp_path):
     dst = str(tmp_path / "ckpt")
     shutil.copytree(ckpt, dst)
