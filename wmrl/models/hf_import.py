@@ -276,11 +276,14 @@ def _host_param(
     """One parameter in our layout and storage dtype; per-layer tensors stacked on axis 0."""
     template, _, transform = spec
     dtype = cfg.storage_dtype
-    parts = [
-        np.asarray(transform(tensors[n].read()), dtype=dtype)
-        for n in _source_names(template, cfg.num_layers)
-    ]
-    return np.stack(parts) if "{i}" in template else parts[0]
+    names = _source_names(template, cfg.num_layers)
+    if "{i}" not in template:
+        return np.asarray(transform(tensors[names[0]].read()), dtype=dtype)
+    first = transform(tensors[names[0]].read())
+    out = np.empty((len(names), *first.shape), dtype)  # filled in place: one host copy
+    for i, name in enumerate(names):
+        out[i] = transform(tensors[name].read())
+    return out
 
 
 def _place(host: np.ndarray, sharding: jax.sharding.Sharding | None) -> jax.Array:
