@@ -4,6 +4,7 @@ Needs the test extra (`requirements-test.txt`: CPU torch, transformers); skipped
 without it. Each reference model is 2 layers, d_model 64, vocab 300.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from wmrl.models.config import from_mapping  # noqa: E402
 from wmrl.models.hf_import import (  # noqa: E402
     abstract_transformer,
     config_from_hf,
@@ -256,3 +258,39 @@ def test_llama_config_maps_without_qk_norm():
     cfg = config_from_hf(hf)
     assert not cfg.qk_norm and cfg.head_dim == 16 and cfg.rope_theta == 500000.0
     assert cfg.norm_eps == 1e-5 and not cfg.tie_embeddings
+
+
+def _released_qwen3_config(**shape) -> dict:
+    """A `config.json` in the format of the released Qwen3 checkpoints (transformers 4.51:
+    `rope_theta` + `rope_scaling: null`, sliding-window fields present but off)."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+        "initializer_range": 0.02, "max_position_embeddings": 40960, "max_window_layers": 36,
+        "model_type": "qwen3", "num_attention_heads": 32, "num_hidden_layers": 36,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 1000000, "sliding_window": None, "torch_dtype": "bfloat16",
+        "use_cache": True, "use_sliding_window": False, "vocab_size": 151936, **shape,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config_file, shape",
+    [
+        ("qwen3_4b", dict(hidden_size=2560, intermediate_size=9728, tie_word_embeddings=True)),
+        ("qwen3_8b", dict(hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False)),
+    ],
+)
+def test_pod_configs_match_released_checkpoints(config_file, shape):
+    """The configs' model is what importing the released checkpoint produces."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        config_file, os.path.join(root, "configs", f"{config_file}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ours = module.get_config().model.to_dict()
+    imported = config_from_hf(
+        _released_qwen3_config(**shape), dtype=ours["dtype"], param_dtype=ours["param_dtype"]
+    )
+    assert imported.replace(remat=ours["remat"]) == from_mapping(ours)
