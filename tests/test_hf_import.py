@@ -250,6 +250,29 @@ def test_unsupported_config_is_rejected(changes, field):
         config_from_hf({**base, **changes})
 
 
+def test_llama_logits_match_reference(tmp_path):
+    """Llama (no QK-norm, untied, rope theta 5e5) through the same import path."""
+    torch.manual_seed(7)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5,
+        initializer_range=0.2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    model.save_pretrained(str(tmp_path), safe_serialization=True)
+    cfg, params = load_hf_checkpoint(str(tmp_path))
+    assert not cfg.qk_norm and "q_norm" not in params["blocks"]["attn"]
+    tokens, mask = _batch()
+    ours, ref = _ours(cfg, params, tokens, mask), _reference_logits(model, tokens, mask)
+    np.testing.assert_allclose(ours[mask], ref[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_missing_config_field_is_named():
+    with pytest.raises(ValueError, match="intermediate_size"):
+        config_from_hf({"model_type": "qwen3", "vocab_size": 8, "hidden_size": 8,
+                        "num_hidden_layers": 1, "num_attention_heads": 2})  # fmt: skip
+
+
 def test_llama_config_maps_without_qk_norm():
     hf = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

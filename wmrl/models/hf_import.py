@@ -113,6 +113,10 @@ def config_from_hf(
     act = hf_config.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hf config: hidden_act {act!r} is not supported (only silu/SwiGLU)")
+    required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    for field in (*required, "intermediate_size"):
+        if field not in hf_config:
+            raise ValueError(f"hf config: required field {field!r} is missing")
     d_model = int(hf_config["hidden_size"])
     num_heads = int(hf_config["num_attention_heads"])
     head_dim = hf_config.get("head_dim") or d_model // num_heads
