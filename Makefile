@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WORKDIR ?= runs/$(notdir $(basename $(CONFIG)))-$(shell date +%Y%m%d-%H%M%S)
 CONFIG ?= configs/bandit.py
 
-.PHONY: setup run test test-slow test-all lint format bench clean
+.PHONY: setup setup-test run test test-slow test-all lint format clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,14 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
+# Test-only reference implementations (torch, transformers) for the checkpoint parity tests.
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(PY) -m pip install -q -r requirements-test.txt
+	touch $@
+
 setup: $(VENV)/.installed
+
+setup-test: $(VENV)/.installed-test
 
 run: setup
 	$(PY) -m wmrl.main --config=$(CONFIG) --workdir=$(WORKDIR)
@@ -29,13 +36,13 @@ format: setup
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: lint
+test: lint setup-test
 	$(PY) -m pytest -m "not slow" -q
 
-test-slow: setup
+test-slow: setup-test
 	$(PY) -m pytest -m slow -q
 
-test-all: lint
+test-all: lint setup-test
 	$(PY) -m pytest -q
 
 clean:
