@@ -24,7 +24,7 @@ def main(coordinator: str, num_processes: int, process_id: int, out_path: str) -
     import optax
     from flax import traverse_util
 
-    from tests.multiprocess_train_case import LOSS, LR, factory, global_batch
+    from tests.policy_step_case import LOSS, LR, factory, global_batch
     from wmrl.models.sharding import make_mesh
     from wmrl.models.train_steps import (
         batch_shardings,

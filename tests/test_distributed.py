@@ -3,7 +3,6 @@ two-process run on localhost over JAX's CPU collectives."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.multiprocess_helpers import run_local_processes
 from wmrl import distributed
 from wmrl.distributed import ClusterSpec, detect_cluster, expand_nodelist
 
@@ -219,43 +219,12 @@ def test_allgather_single_process_is_plain_conversion():
     assert out["b"] == 2.5
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_cpu_processes_on_localhost():
     """Real `jax.distributed` over gloo: 2 processes x 2 CPU devices, one global array."""
-    coordinator = f"127.0.0.1:{free_port()}"
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-        "PYTHONPATH": str(ROOT),
-    }
-    worker = str(ROOT / "tests" / "multiprocess_worker.py")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, worker, coordinator, "2", str(pid)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for pid in range(2)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            p.kill()
+    runs = run_local_processes("multiprocess_worker.py", [], 2, devices=2)
     results = []
-    for p, text in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, text[-3000:]
+    for returncode, text in runs:
+        assert returncode == 0, text[-3000:]
         line = next(ln for ln in text.splitlines() if ln.startswith("RESULT "))
         results.append(json.loads(line.removeprefix("RESULT ")))
     expected = (np.arange(24, dtype=np.float64).reshape(8, 3) ** 2).tolist()

@@ -9,39 +9,20 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from wmrl.core.grpo import token_policy_loss
-from wmrl.models.config import named_config
+from tests.policy_step_case import (
+    CFG,
+    LOSS,
+    LR,
+    factory,
+    global_batch,
+    single_process_reference,
+)
 from wmrl.models.sharding import make_mesh, resolve_mesh_shape
-from wmrl.models.train_steps import PolicyLossConfig, init_train_state, make_policy_train_step
-from wmrl.models.transformer import Transformer, token_logprobs
+from wmrl.models.train_steps import init_train_state, make_policy_train_step
+from wmrl.models.transformer import token_logprobs
 
-CFG = named_config("tiny", vocab_size=64, max_len=32)
-B, T, LR = 16, 12, 0.1
-LOSS = PolicyLossConfig(clip_eps=0.2, kl_coef=0.05)
-
-
-def _factory():
-    return Transformer(CFG, rngs=nnx.Rngs(0))
-
-
-def _batch():
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(1, 64, (B, T)).astype(np.int32)
-    input_mask = np.ones((B, T), bool)
-    input_mask[::3, :2] = False  # left padding on some rows
-    tokens[~input_mask] = 0
-    loss_mask = np.zeros((B, T), np.float32)
-    loss_mask[:, 6:] = 1.0
-    loss_mask[1, 9:] = 0.0  # a completion that ended early
-    ref = token_logprobs(_factory(), jnp.asarray(tokens), jnp.asarray(input_mask))
-    return {
-        "tokens": tokens,
-        "input_mask": input_mask,
-        "loss_mask": loss_mask,
-        "old_logp": np.asarray(ref) + rng.normal(0, 0.1, (B, T)).astype(np.float32),
-        "ref_logp": np.asarray(ref) + rng.normal(0, 0.1, (B, T)).astype(np.float32),
-        "advantages": rng.normal(size=(B,)).astype(np.float32),
-    }
+_factory = factory
+_batch = global_batch
 
 
 def _run(mesh_shape, devices, micro):
@@ -62,33 +43,9 @@ def _run(mesh_shape, devices, micro):
     return state, metrics
 
 
-def _reference():
-    """Plain full-batch loss and SGD update, no jit, no mesh, no accumulation."""
-    model = _factory()
-    b = jax.tree.map(jnp.asarray, _batch())
-
-    def loss(m):
-        logp = token_logprobs(m, b["tokens"], b["input_mask"])
-        s, _ = token_policy_loss(
-            logp,
-            b["old_logp"],
-            b["ref_logp"],
-            b["advantages"],
-            b["loss_mask"],
-            clip_eps=0.2,
-            kl_coef=0.05,
-        )
-        return s / b["loss_mask"].sum()
-
-    value, grads = nnx.value_and_grad(loss)(model)
-    params = nnx.to_pure_dict(nnx.state(model))
-    grads = nnx.to_pure_dict(grads)
-    return value, jax.tree.map(lambda p, g: p - LR * g, params, grads)
-
-
 @pytest.fixture(scope="module")
 def reference():
-    return _reference()
+    return single_process_reference()
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,12 @@
-"""The tiny policy-train-step case shared by the multi-process worker and its test."""
+"""The tiny policy-train-step case shared by the sharding tests, the multi-process worker and its
+test: one model, one global batch, and the plain single-process reference update."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wmrl.core.grpo import token_policy_loss
 from wmrl.models.config import named_config
 from wmrl.models.train_steps import PolicyLossConfig
 from wmrl.models.transformer import Transformer, token_logprobs
@@ -36,3 +39,27 @@ def global_batch() -> dict[str, np.ndarray]:
         "ref_logp": ref + rng.normal(0, 0.1, (B, T)).astype(np.float32),
         "advantages": rng.normal(size=(B,)).astype(np.float32),
     }
+
+
+def single_process_reference() -> tuple[jax.Array, dict]:
+    """Plain full-batch loss and SGD update: no jit, no mesh, no accumulation, one process."""
+    model = factory()
+    b = jax.tree.map(jnp.asarray, global_batch())
+
+    def loss(m):
+        logp = token_logprobs(m, b["tokens"], b["input_mask"])
+        s, _ = token_policy_loss(
+            logp,
+            b["old_logp"],
+            b["ref_logp"],
+            b["advantages"],
+            b["loss_mask"],
+            clip_eps=LOSS.clip_eps,
+            kl_coef=LOSS.kl_coef,
+        )
+        return s / b["loss_mask"].sum()
+
+    value, grads = nnx.value_and_grad(loss)(model)
+    params = nnx.to_pure_dict(nnx.state(model))
+    grads = nnx.to_pure_dict(grads)
+    return value, jax.tree.map(lambda p, g: p - LR * g, params, grads)
