@@ -22,17 +22,37 @@ from wmrl.envs.autoresearch.pool import SandboxPool
 pytestmark = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="Linux sandbox")
 
 
-def sandbox_pids() -> list[int]:
-    """Live processes owned by any sandbox uid (zombies excluded)."""
-    lo, hi = sandbox.UID_BASE, sandbox.UID_BASE + sandbox.UID_BLOCK * sandbox.UID_BLOCKS
-    return linux.live_pids_with_uid(lo, hi)
+def sandbox_pids(pool: SandboxPool) -> list[int]:
+    """Live processes owned by one of this pool's sandbox uids (zombies excluded).
+
+    Scoped to the pool's own uid block: other pools on the host (another test
+    run, a trainer) use other blocks and must not make these checks flaky.
+    """
+    return linux.live_pids_with_uid(pool.uid_base, pool.uid_base + sandbox.UID_BLOCK)
 
 
-def wait_no_sandbox_pids(timeout: float = 3.0) -> list[int]:
+def describe(pids: list[int]) -> str:
+    """Name, state and uids of leftover processes, for the failure message."""
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            lines.append(
+                f"{pid}: {fields['Name'].strip()} state={fields['State'].strip()} "
+                f"uid={fields['Uid'].split()} ppid={fields['PPid'].strip()}"
+            )
+        except OSError:
+            lines.append(f"{pid}: gone")
+    return "; ".join(lines)
+
+
+def assert_no_sandbox_pids(pool: SandboxPool, timeout: float = 3.0) -> None:
     deadline = time.monotonic() + timeout
-    while sandbox_pids() and time.monotonic() < deadline:
+    while sandbox_pids(pool) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return sandbox_pids()
+    left = sandbox_pids(pool)
+    assert left == [], f"processes left under the pool's uids: {describe(left)}"
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +80,7 @@ def skip_if_unprotected(pool, what: str) -> None:
 
 def check_clean(pool, task):
     """No stray process, empty work root, and an honest script still scores exactly."""
-    assert wait_no_sandbox_pids() == []
+    assert_no_sandbox_pids(pool)
     assert os.listdir(pool._workroot) == []
     r = pool.run(task, GOOD_SCRIPT)
     assert r.status == Status.VALID, r
@@ -289,7 +309,7 @@ def test_double_fork_daemon_is_reaped(pool, task):
     """,
     )
     assert r.status == Status.NO_SUBMISSION
-    assert sandbox_pids() == []
+    assert sandbox_pids(pool) == []
     check_clean(pool, task)
 
 
@@ -432,7 +452,7 @@ def test_rlimits_fallback_contains_basic_attacks(task):
             """),
             )
             assert r.status == Status.NO_SUBMISSION
-            assert wait_no_sandbox_pids() == []
+            assert_no_sandbox_pids(p)
             r = p.run(
                 task,
                 f"import shutil, os\nshutil.copy({str(task.labels_path)!r}, "
@@ -457,10 +477,13 @@ def test_infrastructure_failure_is_retried_then_ungraded(task):
         assert r.reward != r.reward  # NaN: masked, never scored 0
         os.makedirs(p._workroot)
         assert p.run(task, GOOD_SCRIPT).status == Status.VALID
-    assert wait_no_sandbox_pids() == []
-    for controller in ("memory", "pids"):  # the killed supervisor's cgroup was removed too
-        own = cgroups._own_dir(controller)
-        assert own is None or not list(own.glob("wmrl-*"))
+    assert_no_sandbox_pids(p)
+    if p.isolation.endswith("+cgroup"):  # the killed supervisor's cgroup was removed too
+        assert p._stale_cgroups, "the killed run's cgroup was not recorded for the sweep"
+        for controller in ("memory", "pids"):
+            own = cgroups._own_dir(controller)
+            left = [n for n in p._stale_cgroups if own is not None and (own / n).exists()]
+            assert left == [], f"{controller} cgroups left behind: {left}"
 
 
 def test_fresh_interpreter_mode_gives_the_same_results(task):
@@ -471,7 +494,7 @@ def test_fresh_interpreter_mode_gives_the_same_results(task):
         assert r.score == pytest.approx(good_script_score(task))
         r = p.run(task, "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\n")
         assert r.status == Status.RUNTIME_ERROR
-    assert wait_no_sandbox_pids() == []
+    assert_no_sandbox_pids(p)
 
 
 def test_sandbox_setup_failure_is_ungraded_not_the_scripts_fault(pool, tmp_path):
