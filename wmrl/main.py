@@ -27,7 +27,7 @@ _COORDINATOR = flags.DEFINE_string(
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
 
-EXPERIMENTS = ("bandit",)
+EXPERIMENTS = ("bandit", "autoresearch")
 
 
 def validate(config) -> None:
@@ -38,6 +38,10 @@ def validate(config) -> None:
         from wmrl.bandits.problem import validate_bandit_config
 
         validate_bandit_config(config)
+    elif experiment == "autoresearch":
+        from wmrl.rl.config import validate_autoresearch_config
+
+        validate_autoresearch_config(config)
 
 
 def check_fresh_workdir(workdir: Path) -> None:
@@ -76,6 +80,10 @@ def main(argv: list[str]) -> None:
             process_id=_PROCESS_ID.value,
         )
         check_fresh_workdir(workdir)
+        if config.experiment == "autoresearch":
+            from wmrl.rl.experiment import check_resumable
+
+            check_resumable(config, workdir)  # before config.json is rewritten
     except (ConfigError, FileExistsError, ValueError) as e:
         logging.error("%s", e)
         print(f"error: {e}", file=sys.stderr)
@@ -91,6 +99,13 @@ def main(argv: list[str]) -> None:
         summary = run_suite(config, workdir if distributed.writes_outputs(cluster) else None)
         table = {v: s["final_suboptimality"] for v, s in summary["variants"].items()}
         print(json.dumps({"workdir": str(workdir), "final_suboptimality": table}, indent=2))
+    elif config.experiment == "autoresearch":
+        from wmrl.rl.experiment import run
+
+        summary = run(config, workdir, write_outputs=distributed.writes_outputs(cluster))
+        keys = ("mode", "warmstart_heldout_reward", "final_heldout_reward", "wall_time_s",
+                "time_to_target_s", "real_executions", "wm_calls")  # fmt: skip
+        print(json.dumps({"workdir": str(workdir), **{k: summary[k] for k in keys}}, indent=2))
 
 
 if __name__ == "__main__":

@@ -151,6 +151,8 @@ class SandboxPool:
       workroot: where per-execution temp dirs are made (default: system tmp).
       limits: overrides for ``sandbox.Limits``; the task's own time and memory
         limits apply unless overridden here.
+      time_limit_cap_s: caps every task's own time limit (e.g. a quick experiment on a
+        suite whose tasks allow minutes); None keeps the tasks' limits.
     """
 
     def __init__(
@@ -159,11 +161,13 @@ class SandboxPool:
         isolation: str = "auto",
         prefork: bool = True,
         workroot: str | None = None,
+        time_limit_cap_s: float | None = None,
         **limit_overrides,
     ):
         self.num_workers = num_workers or os.cpu_count() or 1
         self.prefork = prefork
         self._limit_overrides = limit_overrides
+        self._time_limit_cap_s = time_limit_cap_s
         self._workroot = tempfile.mkdtemp(prefix="wmrl-sandbox-", dir=workroot)
         os.chmod(self._workroot, 0o755)
         self._template_lock = threading.Lock()
@@ -241,6 +245,8 @@ class SandboxPool:
     def _limits(self, task: Task) -> Limits:
         base = {"time_limit_s": task.time_limit_s, "memory_mb": task.memory_mb}
         base.update(self._limit_overrides)
+        if self._time_limit_cap_s:
+            base["time_limit_s"] = min(base["time_limit_s"], self._time_limit_cap_s)
         return Limits(**base)
 
     def _template_for_job(self) -> _TemplateProcess:

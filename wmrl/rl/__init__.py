@@ -1,0 +1,1 @@
+"""World Model RL on Mini AutoResearch: data stage, warm start, WM pretraining, the RL loop."""

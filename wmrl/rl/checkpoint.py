@@ -1,0 +1,125 @@
+"""Orbax checkpoints of the whole RL state, with fallback past a corrupt or partial latest one.
+
+One checkpoint (a step directory of `<workdir>/checkpoints`) holds, as one Orbax composite:
+
+* `state`: policy and WM train states (params + optimiser states), the frozen reference
+  policy, the correction state (pair window, fitted map, disagreement EMA, frozen scale),
+  the WM replay buffer of real outcomes, and the base RNG key;
+* `meta` (JSON): step, wall-clock so far, counters of real executions and WM calls, the
+  evaluation history, and the data iterator's position (tasks of step s are a pure
+  function of `(seed, s)`, so the position is the step).
+
+Orbax writes a step to a temporary directory and renames it when complete, so a kill
+mid-save leaves no half checkpoint that looks finished. A checkpoint that still fails to
+restore (disk corruption, a truncated file) is reported and the previous one is used.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from wmrl.core.state import CorrectionState
+from wmrl.rl.trainer import Replay, RunState
+
+log = logging.getLogger(__name__)
+
+
+def _tree(st: RunState, key) -> dict:
+    return {
+        "policy": st.policy,
+        "ref_params": st.ref_params,
+        "wm": st.wm,
+        "correction": st.correction,
+        "replay": st.replay.to_tree(),
+        "rng": jax.random.key_data(key),
+    }
+
+
+def _meta(st: RunState, seed: int) -> dict:
+    return {
+        "step": st.step,
+        "wall_time_s": st.wall_time_s,
+        "real_executions": st.real_executions,
+        "wm_calls": st.wm_calls,
+        "evals": st.evals,
+        "data_iterator": {"seed": seed, "next_step": st.step},
+    }
+
+
+class Checkpointer:
+    def __init__(self, workdir: Path, keep: int):
+        self.directory = (workdir / "checkpoints").absolute()
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        )
+
+    def save(self, st: RunState, key, seed: int) -> None:
+        self.manager.save(
+            st.step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(_tree(st, key)),
+                meta=ocp.args.JsonSave(_meta(st, seed)),
+            ),
+            force=True,
+        )
+        self.manager.wait_until_finished()
+
+    def restore_latest(self, like: RunState, key) -> RunState | None:
+        """The newest checkpoint that restores; None if there is none. Corrupt ones are
+        reported (with the reason) and skipped."""
+        template = _tree(like, key)
+        abstract = jax.tree.map(_abstract, template)
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                out = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                    ),
+                )
+            except Exception as e:
+                msg = (
+                    f"checkpoint {self.directory / str(step)} could not be restored "
+                    f"({type(e).__name__}: {str(e)[:300]}); falling back to the previous one"
+                )
+                log.warning(msg)
+                print(f"warning: {msg}", flush=True)
+                continue
+            tree, meta = out["state"], out["meta"]
+            return RunState(
+                step=int(meta["step"]),
+                policy=tree["policy"],
+                ref_params=tree["ref_params"],
+                wm=tree["wm"],
+                correction=_as_correction(tree["correction"], like.correction),
+                replay=Replay.from_tree(jax.tree.map(np.asarray, tree["replay"])),
+                wall_time_s=float(meta["wall_time_s"]),
+                real_executions=int(meta["real_executions"]),
+                wm_calls=int(meta["wm_calls"]),
+                evals=list(meta["evals"]),
+            )
+        return None
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def _abstract(x):
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    x = np.asarray(x)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def _as_correction(tree, like: CorrectionState) -> CorrectionState:
+    return (
+        tree
+        if isinstance(tree, CorrectionState)
+        else jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(tree))
+    )

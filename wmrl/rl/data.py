@@ -1,0 +1,167 @@
+"""The data stage: task suite, executed corpus, tokenizer; and the token layout of a trajectory.
+
+Layout (shared by SFT, sampling, the policy loss and the world model): a row of
+`P + N` tokens, the prompt left-padded to `P = data.max_prompt_len` (BOS, the prompt text,
+the script separator) and the script right after it (`N = data.max_new_tokens` tokens,
+EOS-terminated, then padding). Generation produces exactly this layout, so the WM scores
+sampled scripts in the same format it was pretrained on.
+
+The prompt is the task card's header (type, metric, target and id columns, rows, limits)
+plus a one-line column summary (numeric / with missing values / categorical): the full
+column tables of wide tasks do not fit a tiny context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.config_errors import ConfigError
+from wmrl.envs.autoresearch.dataset import SEP, execute_corpus
+from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.make_task import task_info
+from wmrl.envs.autoresearch.task import Task, load_suite
+from wmrl.tokenizer import Tokenizer
+
+
+def prompt_text(task: Task) -> str:
+    """The card header plus a column summary, ending with the script separator."""
+    header = task.card.split("## Columns")[0].rstrip()
+    info = task_info(task)
+    facts = [
+        "has missing values" if info.has_missing else "no missing values",
+        "has categorical columns" if info.has_categorical else "all numeric",
+    ]
+    return f"{header}\n- Data: {', '.join(facts)}\n{SEP}"
+
+
+@dataclasses.dataclass
+class Prepared:
+    suite_dir: Path
+    train_tasks: list[Task]
+    heldout_tasks: list[Task]
+    executions: list[dict]  # the executed corpus (all suite tasks; split tells which)
+    tokenizer: Tokenizer
+
+
+def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> Prepared:
+    """Build (or reuse) the suite, execute the corpus resumably, train the tokenizer once."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if config.suite.dir:
+        suite_dir = Path(config.suite.dir)
+    else:
+        suite_dir = data_dir / "suite"
+        index = suite_dir / "suite.json"
+        wanted = list(config.suite.tasks)
+        have = [t["id"] for t in json.loads(index.read_text())] if index.exists() else None
+        if have is not None and sorted(have) != sorted(wanted):
+            raise ConfigError(
+                "config.suite.tasks",
+                f"{suite_dir} was built for tasks {sorted(have)}; use another data_dir",
+            )
+        if have is None:
+            from wmrl.envs.autoresearch.suite import build_suite
+
+            build_suite(suite_dir, only=wanted, workers=config.suite.workers, seed=config.seed)
+    try:
+        tasks = load_suite(suite_dir)
+    except (OSError, ValueError) as e:
+        raise ConfigError("config.suite.dir", f"cannot load the task suite: {e}") from e
+    train = [t for t in tasks if t.split == "train"]
+    heldout = [t for t in tasks if t.split == "heldout"]
+    if not train or not heldout:
+        raise ConfigError("config.suite", f"{suite_dir} needs train and heldout tasks")
+    log = execute_corpus(
+        suite_dir,
+        data_dir / "trajectories",
+        scripts_per_task=config.data.scripts_per_task,
+        seed=config.seed,
+        mistake_rate=config.data.mistake_rate,
+        workers=config.suite.workers,
+        progress=progress,
+    )
+    with open(log) as f:
+        executions = [json.loads(line) for line in f if line.strip()]
+    executions.sort(key=lambda r: (r["task_id"], r["index"]))
+    spm_path = data_dir / "spm.model"
+    if not spm_path.exists():
+        prompts = {t.id: prompt_text(t) for t in train}
+        docs = list(prompts.values()) + [
+            r["script"] for r in executions if r["task_id"] in prompts
+        ]  # training tasks only: held-out tasks never shape the tokenizer
+        tmp = data_dir / "spm.tmp"
+        Tokenizer.train(docs, tmp, vocab_size=config.data.vocab_size, code_pieces=True)
+        os.replace(f"{tmp}.vocab", data_dir / "spm.vocab")
+        os.replace(f"{tmp}.model", spm_path)
+    return Prepared(suite_dir, train, heldout, executions, Tokenizer.load(spm_path))
+
+
+def sft_documents(config, tasks: list[Task]) -> list[tuple[str, str]]:
+    """(prompt, script) pairs for the warm start: the executed corpus's scripts plus
+    `data.sft_scripts_per_task` more authored ones per training task (text only: SFT needs
+    no outcome), drawn with the same mistake rate so the warm-start policy errs as the
+    author does and RL has something to fix."""
+    from wmrl.envs.autoresearch import author
+    from wmrl.envs.autoresearch.corpus import task_seed
+
+    out = []
+    for t in tasks:
+        scripts = author.write_scripts(
+            task_info(t),
+            config.data.scripts_per_task + config.data.sft_scripts_per_task,
+            task_seed(t.id, config.seed),
+            config.data.mistake_rate,
+        )  # the first scripts_per_task are exactly the executed corpus's
+        out += [(prompt_text(t), source) for _, source in scripts]
+    return out
+
+
+def encode_prompts(tok: Tokenizer, texts: list[str], max_prompt_len: int) -> tuple:
+    """Left-padded `[B, P]` prompt ids and mask; a prompt that does not fit is an error."""
+    try:
+        return tok.batch_encode(texts, max_len=max_prompt_len, add_bos=True)
+    except ValueError as e:
+        raise ConfigError("config.data.max_prompt_len", str(e)) from e
+
+
+def encode_trajectories(
+    tok: Tokenizer, prompts: list[str], scripts: list[str], max_prompt_len: int, max_new: int
+) -> dict[str, np.ndarray]:
+    """Rows in the shared layout. `fits[i]` is False where the script needed truncation."""
+    ids, pmask = encode_prompts(tok, prompts, max_prompt_len)
+    n = len(scripts)
+    comp = np.zeros((n, max_new), np.int32)
+    cmask = np.zeros((n, max_new), bool)
+    fits = np.zeros(n, bool)
+    for i, s in enumerate(scripts):
+        body = tok.encode(s, add_eos=True)
+        fits[i] = len(body) <= max_new
+        body = body[:max_new]
+        comp[i, : len(body)] = body
+        cmask[i, : len(body)] = True
+    return {
+        "tokens": np.concatenate([ids, comp], axis=1),
+        "input_mask": np.concatenate([pmask, cmask], axis=1),
+        "loss_mask": np.concatenate([np.zeros_like(pmask), cmask], axis=1).astype(np.float32),
+        "fits": fits,
+    }
+
+
+def reward_targets(records: list[dict]) -> dict[str, np.ndarray]:
+    """WM targets: reward (NaN for ungraded) and outcome class (-1 for ungraded)."""
+    reward = np.array(
+        [math.nan if r.get("reward") is None else r["reward"] for r in records], np.float32
+    )
+    status = np.array([r["status"] for r in records], np.int32)
+    graded = status != int(Status.UNGRADED)
+    return {
+        "target": np.where(graded, reward, 0.0).astype(np.float32),
+        "class_label": np.where(graded, status, -1).astype(np.int32),
+        "valid": graded & ~np.isnan(reward),
+    }

@@ -1,0 +1,250 @@
+"""The AutoResearch pipeline behind `python -m wmrl.main --config=configs/autoresearch_tiny.py`.
+
+`run(config, workdir)` does, resumably: data stage -> warm start -> WM pretraining -> RL with
+evaluations -> summary and plots. Importable from a notebook (`colabs/ablations.ipynb`).
+
+Files in the workdir:
+    metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval")
+    pairs.jsonl     the anchor pairs (raw WM score, calibrated score, real reward) per step
+    anchors.jsonl   journal of every real anchor execution (survives preemption)
+    summary.json    final results (its presence marks the run finished)
+    checkpoints/    Orbax CheckpointManager steps
+    tb/             TensorBoard event files
+    plots/          heldout_reward.png, wm_calibration.png, corrections.png
+    init/, data/    warm-start and WM-pretraining checkpoints, the data stage (unless
+                    config.init_dir / config.data_dir point elsewhere)
+
+Wall-clock (`wall_time_s`) counts RL steps only (generation, execution, WM scoring,
+training); held-out evaluations and checkpoint writes are excluded, identically in every
+mode, and time lost to a preemption after the last checkpoint is not counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import jax
+from tqdm import tqdm
+
+from wmrl.config_errors import ConfigError
+from wmrl.rl import config as rlconfig
+from wmrl.rl import data as rldata
+from wmrl.rl import models, stages
+from wmrl.rl.plots import plot_run
+
+
+class _QuietOrbax(logging.Filter):
+    """Orbax logs every save step at INFO through absl; keep its warnings and errors only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+def quiet_orbax() -> None:
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _QuietOrbax) for f in logger.filters):
+        logger.addFilter(_QuietOrbax())
+
+
+def data_dir(config, workdir: Path) -> Path:
+    return Path(config.data_dir) if config.data_dir else workdir / "data"
+
+
+def init_dir(config, workdir: Path) -> Path:
+    return Path(config.init_dir) if config.init_dir else workdir / "init"
+
+
+def check_resumable(config, workdir: Path) -> None:
+    """A workdir that holds a run with a different config is refused, naming the fields."""
+    saved = workdir / "config.json"
+    if not saved.exists():
+        return
+    diff = rlconfig.config_differences(json.loads(saved.read_text()), config)
+    if diff:
+        raise ConfigError(
+            "config",
+            f"{workdir} holds a run with a different config (fields: {', '.join(diff)}); "
+            "resume it with the same config or choose a new --workdir",
+        )
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+    return out
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the records of steps <= last_step (those the restored checkpoint contains)."""
+    keep = [r for r in _read_jsonl(path) if r.get("step", 0) <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    tmp.replace(path)
+
+
+class _Log:
+    """metrics.jsonl / pairs.jsonl / TensorBoard, written by the output owner only."""
+
+    def __init__(self, workdir: Path, enabled: bool):
+        self.enabled = enabled
+        self.workdir = workdir
+        self.tb = None
+        if enabled:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(str(workdir / "tb"))
+
+    def write(self, name: str, records: list[dict]) -> None:
+        if not self.enabled or not records:
+            return
+        with open(self.workdir / name, "a") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+        if name == "metrics.jsonl" and self.tb is not None:
+            for r in records:
+                for k, v in r.items():
+                    if isinstance(v, int | float) and not isinstance(v, bool) and k != "step":
+                        self.tb.add_scalar(f"{r['kind']}/{k}", v, r["step"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool = True) -> dict:
+    """Run (or resume) the whole pipeline; returns the summary."""
+    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.rl.checkpoint import Checkpointer
+    from wmrl.rl.trainer import Trainer
+
+    workdir = Path(workdir)
+    quiet_orbax()
+    rlconfig.validate_autoresearch_config(config)
+    workdir.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    prepared = rldata.prepare_data(config, data_dir(config, workdir), progress=progress)
+    vocab = prepared.tokenizer.vocab_size
+    mesh = models.make_rl_mesh(config)
+    policy = models.build_policy(
+        config, vocab, models.adam(config.rl.learning_rate), mesh, config.seed
+    )
+    wm = models.build_wm(
+        config, vocab, models.adam(config.wm.online_learning_rate), mesh, config.seed + 1
+    )
+    inits = init_dir(config, workdir)
+    policy_params, sft_report = stages.warm_start(
+        config, prepared, policy, inits / "warmstart", progress
+    )
+    wm_params, wm_report = stages.pretrain_wm(config, prepared, wm, inits / "wm_pretrain", progress)
+    stage_s = time.monotonic() - t_start
+
+    log = _Log(workdir, write_outputs)
+    ckpt = Checkpointer(workdir, config.rl.keep_checkpoints)
+    pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s or None)
+    trainer = Trainer(config, prepared, policy, wm, pool, workdir)
+    try:
+        st = trainer.initial_state(policy_params, wm_params)
+        restored = ckpt.restore_latest(st, trainer.key)
+        if restored is not None:
+            st = restored
+            print(f"resuming from the checkpoint of step {st.step}", flush=True)
+            if write_outputs:
+                for name in ("metrics.jsonl", "pairs.jsonl"):
+                    if (workdir / name).exists():
+                        _truncate_jsonl(workdir / name, st.step)
+        elif write_outputs:
+            for name in ("metrics.jsonl", "pairs.jsonl"):
+                (workdir / name).unlink(missing_ok=True)
+        if not st.evals:  # the warm-start policy's held-out reward, step 0
+            ev = trainer.evaluate(st)
+            st.evals.append(ev)
+            log.write("metrics.jsonl", [{"kind": "eval", **ev}])
+            ckpt.save(st, trainer.key, config.seed)
+        steps, budget = config.rl.steps, config.rl.get("max_wall_time_s", 0.0)
+        out_of_time = lambda: bool(budget) and st.wall_time_s >= budget
+        bar = tqdm(total=steps, initial=st.step, desc=f"RL ({config.mode})", disable=not progress)
+        while st.step < steps and not out_of_time():
+            st, metrics, pairs = trainer.run_step(st)
+            log.write("metrics.jsonl", [{"kind": "step", **metrics}])
+            log.write("pairs.jsonl", pairs)
+            last = st.step == steps or out_of_time()
+            if st.step % config.rl.eval_every == 0 or last:
+                ev = trainer.evaluate(st)
+                st.evals.append(ev)
+                log.write("metrics.jsonl", [{"kind": "eval", **ev}])
+            if st.step % config.rl.checkpoint_every == 0 or last:
+                ckpt.save(st, trainer.key, config.seed)
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{metrics['train_reward']:.3f}",
+                heldout=f"{st.evals[-1]['heldout_reward']:.3f}",
+            )
+        bar.close()
+    finally:
+        trainer.journal.close()
+        pool.close()
+        ckpt.close()
+        log.close()
+    summary = make_summary(config, st, sft_report, wm_report, stage_s)
+    if write_outputs:
+        records = _read_jsonl(workdir / "metrics.jsonl")
+        plot_run(
+            workdir,
+            [r for r in records if r["kind"] == "step"],
+            st.evals,
+            _read_jsonl(workdir / "pairs.jsonl"),
+            config.target_reward,
+        )
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def time_to_target(evals: list[dict], target: float) -> float | None:
+    for e in evals:
+        if e.get("heldout_reward") is not None and e["heldout_reward"] >= target:
+            return e["wall_time_s"]
+    return None
+
+
+def make_summary(config, st, sft_report: dict, wm_report: dict, stage_s: float) -> dict:
+    evals = st.evals
+    held = {k: v for k, v in wm_report["heldout"].items() if k not in ("scores", "targets")}
+    return {
+        "mode": config.mode,
+        "routing": config.routing,
+        "steps": st.step,
+        "warmstart_heldout_reward": evals[0]["heldout_reward"],
+        "final_heldout_reward": evals[-1]["heldout_reward"],
+        "best_heldout_reward": max((e["heldout_reward"] or 0.0) for e in evals),
+        "wall_time_s": st.wall_time_s,
+        "target_reward": config.target_reward,
+        "time_to_target_s": time_to_target(evals, config.target_reward),
+        "real_executions": st.real_executions,
+        "wm_calls": st.wm_calls,
+        "eval_executions": len(evals) * config.rl.eval_samples * len(evals[0]["heldout_per_task"]),
+        "heldout_curve": [
+            {
+                "step": e["step"],
+                "wall_time_s": e["wall_time_s"],
+                "real_executions": e["real_executions"],
+                "heldout_reward": e["heldout_reward"],
+            }
+            for e in evals
+        ],
+        "final_heldout_status_rates": evals[-1]["heldout_status_rates"],
+        "wm_pretrain_heldout": held,
+        "warm_start": sft_report,
+        "stages_s": stage_s,
+        "device": str(jax.devices()[0].device_kind),
+    }

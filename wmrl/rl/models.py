@@ -1,0 +1,135 @@
+"""Policy and world-model construction for the AutoResearch trainer, and their train steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from wmrl.envs.autoresearch.grader import Status
+from wmrl.models.config import named_config
+from wmrl.models.sharding import make_mesh
+from wmrl.models.train_steps import (
+    PolicyLossConfig,
+    TrainState,
+    init_train_state,
+    make_policy_train_step,
+    make_train_step,
+    make_wm_train_step,
+    masked_token_count,
+)
+from wmrl.models.transformer import Transformer, token_logprobs
+from wmrl.models.world_model import WorldModel, WorldModelConfig
+
+NUM_CLASSES = len([s for s in Status if s != Status.UNGRADED])  # outcome classes the WM predicts
+
+
+def seq_len(config) -> int:
+    return config.data.max_prompt_len + config.data.max_new_tokens
+
+
+def policy_config(config, vocab_size: int):
+    p = config.policy
+    return named_config(
+        p.size, vocab_size=vocab_size, max_len=seq_len(config), d_model=p.d_model,
+        num_layers=p.num_layers, mlp_dim=p.mlp_dim, head_dim=p.head_dim,
+    )  # fmt: skip
+
+
+def wm_config(config, vocab_size: int) -> WorldModelConfig:
+    w = config.wm
+    trunk = named_config(
+        "tiny", vocab_size=vocab_size, max_len=seq_len(config), d_model=w.d_model,
+        num_layers=w.num_layers, mlp_dim=w.mlp_dim, head_dim=w.head_dim,
+    )  # fmt: skip
+    return WorldModelConfig(trunk=trunk, num_members=w.num_members, num_classes=NUM_CLASSES)
+
+
+def make_rl_mesh(config):
+    shape = tuple(config.get("mesh_shape", (1,)))
+    devices = jax.devices()
+    if -1 not in shape:
+        devices = devices[: math.prod(shape)]
+    return make_mesh(shape, devices)
+
+
+def adam(lr: float, steps: int = 0, warmup: int = 0) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping; cosine decay over `steps` when given."""
+    if steps:
+        sched = optax.warmup_cosine_decay_schedule(0.0, lr, max(warmup, 1), max(steps, 2), lr * 0.1)
+    else:
+        sched = lr
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=0.0))
+
+
+@dataclasses.dataclass
+class Model:
+    """A graphdef, its train state, optimiser and mesh, and the state's shardings."""
+
+    graphdef: nnx.GraphDef
+    state: TrainState
+    tx: optax.GradientTransformation
+    mesh: jax.sharding.Mesh
+
+    @property
+    def shardings(self):
+        return jax.tree.map(lambda x: x.sharding, self.state)
+
+    def with_optimizer(self, tx) -> Model:
+        """Same params, a fresh optimiser state (a new training phase)."""
+        params = self.state.params
+        state = TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(tx.init)(params))
+        return Model(self.graphdef, state, tx, self.mesh)
+
+
+def build_policy(config, vocab_size: int, tx, mesh, seed: int) -> Model:
+    cfg = policy_config(config, vocab_size)
+    graphdef, state = init_train_state(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
+    return Model(graphdef, state, tx, mesh)
+
+
+def build_wm(config, vocab_size: int, tx, mesh, seed: int) -> Model:
+    cfg = wm_config(config, vocab_size)
+    graphdef, state = init_train_state(lambda: WorldModel(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
+    return Model(graphdef, state, tx, mesh)
+
+
+def sft_loss_fn(model: Transformer, mb: dict, normaliser):
+    """Token cross-entropy on the script tokens (prompt tokens carry no loss)."""
+    logp = token_logprobs(model, mb["tokens"], mb["input_mask"])
+    nll = -jnp.sum(logp * mb["loss_mask"])
+    return nll / normaliser, {"nll": (nll, jnp.sum(mb["loss_mask"]))}
+
+
+def sft_step(m: Model, example: dict):
+    return make_train_step(
+        m.graphdef, m.tx, sft_loss_fn, masked_token_count, m.shardings, example, m.mesh
+    )
+
+
+def policy_step(m: Model, example: dict, config):
+    loss = PolicyLossConfig(clip_eps=config.rl.clip_eps, kl_coef=config.rl.kl_coef)
+    return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss)
+
+
+def wm_step(m: Model, example: dict):
+    return make_wm_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh)
+
+
+def wm_batch(rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members: int) -> dict:
+    """A WM training batch: tokens, mask, reward target, class, Poisson(1) bootstrap weights
+    per member (zero for ungraded rows, which carry no target)."""
+    valid = rows["valid"][idx].astype(np.float32)
+    weights = rng.poisson(1.0, (len(idx), num_members)).astype(np.float32) * valid[:, None]
+    return {
+        "tokens": rows["tokens"][idx],
+        "input_mask": rows["input_mask"][idx],
+        "target": rows["target"][idx],
+        "class_label": np.where(rows["valid"][idx], rows["class_label"][idx], -1).astype(np.int32),
+        "member_weights": weights,
+    }

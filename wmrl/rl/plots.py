@@ -1,0 +1,76 @@
+"""Plots of an AutoResearch run: held-out reward vs wall-clock, WM calibration, corrections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def reliability(
+    pred: np.ndarray, real: np.ndarray, bins: int = 10
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean real reward per equal-width bin of predicted reward over [0, 1] (empty bins dropped)."""
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    idx = np.clip(np.digitize(pred, edges) - 1, 0, bins - 1)
+    xs, ys = [], []
+    for b in range(bins):
+        sel = idx == b
+        if sel.any():
+            xs.append(pred[sel].mean())
+            ys.append(real[sel].mean())
+    return np.array(xs), np.array(ys)
+
+
+def plot_run(
+    workdir: Path, steps: list[dict], evals: list[dict], pairs: list[dict], target: float
+) -> None:
+    out = workdir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ev = [e for e in evals if e.get("heldout_reward") is not None]
+    ax.plot(
+        [e["wall_time_s"] for e in ev],
+        [e["heldout_reward"] for e in ev],
+        "o-",
+        label="held-out reward",
+    )
+    ax.axhline(target, color="grey", ls=":", label=f"target {target}")
+    ax.set_xlabel("training wall-clock (s)")
+    ax.set_ylabel("mean held-out reward")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "heldout_reward.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    if pairs:
+        raw = np.array([p["r_wm"] for p in pairs])
+        cal = np.array([p["r_cal"] for p in pairs])
+        env = np.array([p["r_env"] for p in pairs])
+        for x, name in ((raw, "raw WM"), (cal, "after debiasing")):
+            bx, by = reliability(x, env)
+            ax.plot(bx, by, "o-", label=f"{name} (MAE {np.abs(x - env).mean():.3f})")
+    ax.plot([0, 1], [0, 1], "k:", lw=1)
+    ax.set_xlabel("WM score")
+    ax.set_ylabel("real reward (bin mean)")
+    ax.set_title("WM calibration on anchor trajectories")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "wm_calibration.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [s["step"] for s in steps]
+    ax.plot(xs, [s.get("anchor_weight") or 1.0 for s in steps], label="anchor weight")
+    ax.plot(xs, [s.get("bias_reduction") or 0.0 for s in steps], label="bias reduction")
+    ax.set_xlabel("RL step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "corrections.png", dpi=120)
+    plt.close(fig)

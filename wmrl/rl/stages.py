@@ -1,0 +1,155 @@
+"""Stages before RL: warm start (SFT) and world-model pretraining, each saved once and reused.
+
+A stage writes its parameters with Orbax under `<init_dir>/<stage>/params` and then, last,
+`<init_dir>/<stage>/done.json` with its report; a stage whose `done.json` exists is loaded
+instead of retrained, so an interrupted pipeline redoes at most the stage it was in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from tqdm import tqdm
+
+from wmrl.models.world_model import interval_ece, spearman
+from wmrl.rl import data as rldata
+from wmrl.rl import models
+
+
+def _done(stage_dir: Path) -> dict | None:
+    path = stage_dir / "done.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def save_params(stage_dir: Path, params, report: dict) -> None:
+    if stage_dir.exists():
+        shutil.rmtree(stage_dir)  # a half-written earlier attempt
+    stage_dir.mkdir(parents=True)
+    ckpt = ocp.StandardCheckpointer()
+    ckpt.save((stage_dir / "params").absolute(), params)
+    ckpt.wait_until_finished()
+    (stage_dir / "done.json").write_text(json.dumps(report, indent=2))
+
+
+def load_params(stage_dir: Path, like):
+    """Restore params into the shardings of `like` (an abstract or concrete params tree)."""
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
+    )
+    return ocp.StandardCheckpointer().restore((stage_dir / "params").absolute(), target)
+
+
+def sft_rows(config, prepared: rldata.Prepared) -> dict:
+    """SFT examples (training tasks only) that fit the context; see `data.sft_documents`."""
+    docs = rldata.sft_documents(config, prepared.train_tasks)
+    rows = rldata.encode_trajectories(
+        prepared.tokenizer, [p for p, _ in docs], [s for _, s in docs],
+        config.data.max_prompt_len, config.data.max_new_tokens,
+    )  # fmt: skip
+    keep = rows["fits"]
+    return {k: v[keep] for k, v in rows.items() if k != "fits"}
+
+
+def warm_start(config, prepared, policy: models.Model, stage_dir: Path, progress=True):
+    """SFT the policy on the corpus; returns (policy params, report)."""
+    report = _done(stage_dir)
+    if report is not None:
+        return load_params(stage_dir, policy.state.params), report
+    rows = sft_rows(config, prepared)
+    n, bs = len(rows["tokens"]), config.policy.sft_batch_size
+    steps = config.policy.sft_steps
+    tx = models.adam(config.policy.sft_learning_rate, steps, warmup=max(steps // 20, 1))
+    m = policy.with_optimizer(tx)
+    rng = np.random.default_rng(config.seed)
+    example = {k: v[:bs] for k, v in rows.items()}
+    step = models.sft_step(m, example)
+    state, t0, nll = m.state, time.monotonic(), float("nan")
+    order = np.zeros(0, np.int64)
+    bar = tqdm(range(steps), desc="warm start (SFT)", disable=not progress)
+    for i in bar:
+        while len(order) < bs:  # epochs of reshuffled examples
+            order = np.concatenate([order, rng.permutation(n)])
+        b = {k: v[order[:bs]] for k, v in rows.items()}
+        order = order[bs:]
+        state, metrics = step(state, b)
+        if i % 10 == 0 or i == steps - 1:
+            s, c = metrics["nll"]
+            nll = float(s) / max(float(c), 1.0)
+            bar.set_postfix(nll=f"{nll:.3f}")
+    report = {"sft_steps": steps, "sft_examples": n, "final_nll": nll,
+              "time_s": time.monotonic() - t0}  # fmt: skip
+    save_params(stage_dir, state.params, report)
+    return state.params, report
+
+
+def wm_rows(config, prepared, split: str) -> dict:
+    prompts = {t.id: rldata.prompt_text(t) for t in prepared.train_tasks + prepared.heldout_tasks}
+    recs = [r for r in prepared.executions if r["split"] == split and r["task_id"] in prompts]
+    rows = rldata.encode_trajectories(
+        prepared.tokenizer, [prompts[r["task_id"]] for r in recs], [r["script"] for r in recs],
+        config.data.max_prompt_len, config.data.max_new_tokens,
+    )  # fmt: skip
+    rows.update(rldata.reward_targets(recs))
+    return rows
+
+
+def wm_report(score_fn, params, rows: dict, batch: int = 64) -> dict:
+    """Calibration (interval ECE from the predictive variance) and Spearman rank correlation
+    of WM score vs real reward, over the graded rows."""
+    keep = np.nonzero(rows["valid"])[0]
+    scores, pvar = [], []
+    for i in range(0, len(keep), batch):
+        idx = keep[i : i + batch]
+        pad = batch - len(idx)
+        sel = np.concatenate([idx, np.repeat(idx[-1:], pad)])
+        out = score_fn(params, rows["tokens"][sel], rows["input_mask"][sel])
+        scores.append(np.asarray(out["score"])[: len(idx)])
+        pvar.append(np.asarray(out["predictive_var"])[: len(idx)])
+    s, v, y = np.concatenate(scores), np.concatenate(pvar), rows["target"][keep]
+    return {
+        "n": len(keep),
+        "ece": float(interval_ece(s, v, y)),
+        "spearman": float(spearman(s, y)),
+        "rmse": float(np.sqrt(np.mean((s - y) ** 2))),
+        "scores": s.tolist(),
+        "targets": y.tolist(),
+    }
+
+
+def pretrain_wm(config, prepared, wm: models.Model, stage_dir: Path, progress=True):
+    """Fit the WM on the executed corpus of the training tasks; report held-out calibration."""
+    report = _done(stage_dir)
+    if report is not None:
+        return load_params(stage_dir, wm.state.params), report
+    from wmrl.models.train_steps import make_wm_score_fn
+
+    train, held = wm_rows(config, prepared, "train"), wm_rows(config, prepared, "heldout")
+    n, bs, steps = len(train["tokens"]), config.wm.batch_size, config.wm.pretrain_steps
+    m = wm.with_optimizer(models.adam(config.wm.learning_rate, steps, warmup=max(steps // 20, 1)))
+    rng = np.random.default_rng(config.seed + 1)
+    example = models.wm_batch(train, np.arange(bs) % n, rng, config.wm.num_members)
+    step = models.wm_step(m, example)
+    state, t0, mse = m.state, time.monotonic(), float("nan")
+    bar = tqdm(range(steps), desc="world model pretraining", disable=not progress)
+    for i in bar:
+        b = models.wm_batch(train, rng.integers(0, n, bs), rng, config.wm.num_members)
+        state, metrics = step(state, b)
+        if i % 10 == 0 or i == steps - 1:
+            mse = float(metrics["mse"][0]) / max(float(metrics["mse"][1]), 1.0)
+            bar.set_postfix(mse=f"{mse:.4f}")
+    score_fn = make_wm_score_fn(m.graphdef, jax.tree.map(lambda x: x.sharding, state), m.mesh)
+    report = {
+        "pretrain_steps": steps,
+        "train_examples": n,
+        "final_train_mse": mse,
+        "heldout": wm_report(score_fn, state.params, held),
+        "time_s": time.monotonic() - t0,
+    }
+    save_params(stage_dir, state.params, report)
+    return state.params, report

@@ -1,0 +1,508 @@
+"""The RL loop: generate, route, score with the WM while anchors execute, correct, update.
+
+One step (DESIGN.md section 3), for B training tasks x G scripts:
+
+1. **Generate** G scripts per task with the jitted sampler (tokens + policy log-probs).
+2. **Route** whole groups to real execution: `real` executes every group; the other modes
+   pick `rho` of the groups (at least `min_groups`), uniformly or partly by WM variance.
+3. **Score**: the anchor scripts go to the sandbox pool first, then, while they execute,
+   the WM scores every trajectory and the reference policy's log-probs are computed.
+4. **Debias** (monotone map fitted on anchor pairs) and **denoise** (anchor weight from the
+   WM-vs-real disagreement on anchor groups), as the mode says. Diagnostics use the map as
+   it was *before* this step's pairs (out of sample).
+5. **GRPO**: anchor groups use real rewards, WM groups calibrated WM scores; ungraded
+   trajectories are masked; the anchor weight scales the anchor groups' advantages.
+6. **WM online**: the anchor outcomes (real rewards only) join a replay buffer the WM is
+   fine-tuned on.
+
+Everything a resumed run needs is in the checkpoint (`checkpoint.py`); every real anchor
+outcome is also journalled to `anchors.jsonl` the moment it completes, so a step cut short
+by preemption reuses the executions it already paid for instead of losing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wmrl.core import debias as debias_lib
+from wmrl.core import denoise as denoise_lib
+from wmrl.core.grpo import apply_anchor_weight, group_advantages
+from wmrl.core.routing import route_anchors
+from wmrl.core.state import CorrectionState, init_correction_state
+from wmrl.envs.autoresearch.grader import Status
+from wmrl.models.sampler import SamplingConfig, generate
+from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
+from wmrl.models.world_model import spearman
+from wmrl.rl import config as rlconfig
+from wmrl.rl import data as rldata
+from wmrl.rl import models
+from wmrl.tokenizer import EOS_ID, PAD_ID
+
+
+@dataclasses.dataclass
+class Replay:
+    """Fixed-capacity ring buffer of real outcomes (the WM's online training data)."""
+
+    tokens: np.ndarray
+    input_mask: np.ndarray
+    target: np.ndarray
+    class_label: np.ndarray
+    valid: np.ndarray
+    count: int = 0  # filled rows
+    next: int = 0  # write position
+
+    @classmethod
+    def empty(cls, capacity: int, width: int) -> Replay:
+        return cls(
+            tokens=np.zeros((capacity, width), np.int32),
+            input_mask=np.zeros((capacity, width), bool),
+            target=np.zeros(capacity, np.float32),
+            class_label=np.full(capacity, -1, np.int32),
+            valid=np.zeros(capacity, bool),
+        )
+
+    def add(self, rows: dict, target: np.ndarray, status: np.ndarray) -> None:
+        graded = status != int(Status.UNGRADED)
+        for i in np.nonzero(graded)[0]:
+            j = self.next
+            self.tokens[j] = rows["tokens"][i]
+            self.input_mask[j] = rows["input_mask"][i]
+            self.target[j] = target[i]
+            self.class_label[j] = status[i]
+            self.valid[j] = True
+            self.next = (j + 1) % len(self.target)
+            self.count = min(self.count + 1, len(self.target))
+
+    def arrays(self) -> dict:
+        return {
+            k: getattr(self, k) for k in ("tokens", "input_mask", "target", "class_label", "valid")
+        }
+
+    def to_tree(self) -> dict:
+        return {**self.arrays(), "count": np.int64(self.count), "next": np.int64(self.next)}
+
+    @classmethod
+    def from_tree(cls, tree: dict) -> Replay:
+        arrays = {
+            k: np.asarray(tree[k])
+            for k in ("tokens", "input_mask", "target", "class_label", "valid")
+        }
+        return cls(**arrays, count=int(tree["count"]), next=int(tree["next"]))
+
+
+@dataclasses.dataclass
+class RunState:
+    """Everything that changes during RL (checkpointed as one unit)."""
+
+    step: int
+    policy: TrainState
+    ref_params: dict
+    wm: TrainState
+    correction: CorrectionState
+    replay: Replay
+    wall_time_s: float = 0.0
+    real_executions: int = 0
+    wm_calls: int = 0
+    evals: list = dataclasses.field(default_factory=list)  # [{"step", "wall_time_s", ...}]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+class AnchorJournal:
+    """Append-only record of completed real executions, keyed by (step, row, script hash).
+
+    Written (flushed, fsynced) as each execution completes; read back on resume so a step
+    that is redone after preemption reuses what it already executed.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.done: dict[tuple[int, int], dict] = {}
+        if path.exists():
+            with open(path) as f:
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # the line the kill cut short
+                    self.done[(rec["step"], rec["row"])] = rec
+        self._f = open(path, "a")  # noqa: SIM115 - kept open for the run, closed in close()
+
+    def lookup(self, step: int, row: int, script: str) -> dict | None:
+        rec = self.done.get((step, row))
+        return rec if rec is not None and rec["sha"] == _sha(script) else None
+
+    def record(self, step: int, row: int, script: str, task_id: str, status: int, reward) -> dict:
+        if reward is not None and math.isnan(reward):
+            reward = None
+        rec = {"step": step, "row": row, "sha": _sha(script), "task_id": task_id,
+               "status": int(status), "reward": reward}  # fmt: skip
+        self._f.write(json.dumps(rec) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self.done[(step, row)] = rec
+        return rec
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def correct_rewards(
+    correction: CorrectionState,
+    r_wm: jax.Array,
+    r_env: jax.Array,
+    env_valid: jax.Array,
+    anchor_rows: jax.Array,
+    anchor_groups: jax.Array,
+    anchor_index: jax.Array,
+    *,
+    group_size: int,
+    spec: rlconfig.ModeSpec,
+    debias_cfg: debias_lib.DebiasConfig,
+    denoise_cfg: denoise_lib.DenoiseConfig,
+    normalize_std: bool,
+    baseline: str,
+):
+    """Rewards, advantages and the new correction state for one step (jitted per config).
+
+    Returns `(new correction state, {"rewards", "valid", "advantages", "calibrated"} [N],
+    scalar stats)`.
+
+    r_wm: [N] raw WM scores (zeros in `real` mode); r_env: [N] real rewards (valid where
+    `env_valid`); anchor_rows: [N] bool; anchor_groups: [B] bool; anchor_index: [A] indices of
+    the anchor groups (static count A).
+    """
+    G = group_size
+    calibrated = (
+        debias_lib.apply_debias(correction.debias, r_wm, None, debias_cfg) if spec.debias else r_wm
+    )
+    rewards = jnp.where(anchor_rows, r_env, calibrated)
+    valid = jnp.where(anchor_rows, env_valid, True)
+    # Anchor-group views [A, G] for the diagnostics and the stream-level statistics.
+    take = lambda x: x.reshape(-1, G)[anchor_index]
+    a_raw, a_cal, a_env, a_ok = take(r_wm), take(calibrated), take(r_env), take(env_valid)
+    full = a_ok.all(axis=1)  # groups with every trajectory graded
+    diag = debias_lib.bias_diagnostic(
+        jnp.where(full[:, None], a_raw, 0.0).reshape(-1),
+        jnp.where(full[:, None], a_cal, 0.0).reshape(-1),
+        jnp.where(full[:, None], a_env, 0.0).reshape(-1),
+        G,
+    )
+    ok = a_ok.reshape(-1)
+    rank = spearman(jnp.where(ok, a_raw.reshape(-1), 0.0), jnp.where(ok, a_env.reshape(-1), 0.0))
+    deb, den = correction.debias, correction.denoise
+    if spec.debias:
+        deb = debias_lib.update_debias(
+            deb, a_raw.reshape(-1), a_env.reshape(-1), None, ok, debias_cfg
+        )
+    if spec.denoise:
+        den = denoise_lib.update_denoise(den, a_cal, a_env, denoise_cfg, group_mask=full)
+    weight = denoise_lib.anchor_weight(den, denoise_cfg) if spec.denoise else jnp.float32(1.0)
+    adv = group_advantages(rewards, G, valid=valid, normalize_std=normalize_std, baseline=baseline)
+    adv = apply_anchor_weight(adv, G, anchor_groups, weight)
+    stats = {
+        "bias_reduction": diag["bias_reduction"],
+        "residual_before": diag["residual_before"],
+        "residual_after": diag["residual_after"],
+        "wm_rank_corr": rank,
+        "anchor_weight": weight,
+        "calibrated": correction.debias.monotone.fitted if spec.debias else jnp.bool_(False),
+        "train_reward": jnp.sum(jnp.where(valid, rewards, 0.0)) / jnp.maximum(valid.sum(), 1),
+    }
+    out = {"rewards": rewards, "valid": valid, "advantages": adv, "calibrated": calibrated}
+    return CorrectionState(debias=deb, denoise=den), out, stats
+
+
+class Trainer:
+    """Holds the jitted functions, the pool and the data; `run_step`/`evaluate` do the work."""
+
+    def __init__(
+        self,
+        config,
+        prepared: rldata.Prepared,
+        policy: models.Model,
+        wm: models.Model,
+        pool,
+        workdir: Path,
+    ):
+        self.config = config
+        self.prepared = prepared
+        self.tok = prepared.tokenizer
+        self.pool = pool
+        self.spec = rlconfig.MODE_SPECS[config.mode]
+        self.routing = rlconfig.routing_config(config)
+        self.debias_cfg = rlconfig.debias_config(config)
+        self.denoise_cfg = rlconfig.denoise_config(config)
+        self.B, self.G = rlconfig.groups_per_step(config), config.rl.group_size
+        self.P, self.N = config.data.max_prompt_len, config.data.max_new_tokens
+        self.policy, self.wm = policy, wm
+        self.key = jax.random.key(config.seed)
+        self.sc = SamplingConfig(
+            max_new_tokens=self.N, eos_id=EOS_ID, pad_id=PAD_ID, num_samples=self.G,
+            temperature=config.rl.temperature,
+        )  # fmt: skip
+        self.eval_sc = dataclasses.replace(self.sc, num_samples=config.rl.eval_samples)
+        self.max_len = models.seq_len(config)
+        self.logprobs = make_logprobs_fn(policy.graphdef, policy.shardings, policy.mesh)
+        self.wm_score = make_wm_score_fn(wm.graphdef, wm.shardings, wm.mesh)
+        self.train = self.prepared.train_tasks
+        self.prompts = {t.id: rldata.prompt_text(t) for t in self.train + prepared.heldout_tasks}
+        self._policy_step = None
+        self._wm_step = None
+        self.journal = AnchorJournal(workdir / "anchors.jsonl")
+        self._correct = jax.jit(
+            functools.partial(
+                correct_rewards, group_size=self.G, spec=self.spec, debias_cfg=self.debias_cfg,
+                denoise_cfg=self.denoise_cfg, normalize_std=config.rl.normalize_std,
+                baseline=config.rl.baseline,
+            )
+        )  # fmt: skip
+
+    # -- pieces --------------------------------------------------------------------------
+
+    def initial_state(self, policy_params, wm_params) -> RunState:
+        tx = models.adam(self.config.rl.learning_rate)
+        self.policy = dataclasses.replace(self.policy, tx=tx)
+        policy = TrainState(jnp.int32(0), policy_params, jax.jit(tx.init)(policy_params))
+        wtx = models.adam(self.config.wm.online_learning_rate)
+        self.wm = dataclasses.replace(self.wm, tx=wtx)
+        wm = TrainState(jnp.int32(0), wm_params, jax.jit(wtx.init)(wm_params))
+        ref = jax.tree.map(jnp.copy, policy_params)
+        return RunState(
+            step=0, policy=policy, ref_params=ref, wm=wm,
+            correction=init_correction_state(self.debias_cfg),
+            replay=Replay.empty(self.config.wm.replay_size, self.max_len),
+        )  # fmt: skip
+
+    def _tasks_for_step(self, step: int) -> list:
+        """The data iterator: B training tasks for `step`, a pure function of (seed, step)."""
+        rng = np.random.default_rng([self.config.seed, step])
+        n = len(self.train)
+        idx = rng.permutation(n)[: self.B] if n >= self.B else rng.integers(0, n, self.B)
+        return [self.train[i] for i in idx]
+
+    def _generate(self, params, tasks, sc, key):
+        ids, mask = rldata.encode_prompts(self.tok, [self.prompts[t.id] for t in tasks], self.P)
+        out = generate(
+            self.policy.graphdef, params, jnp.asarray(ids), jnp.asarray(mask), key, sc, self.max_len
+        )
+        comp, cmask, logp = (np.asarray(x) for x in (out.tokens, out.mask, out.logprobs))
+        G = sc.num_samples
+        rows = {
+            "tokens": np.concatenate([np.repeat(ids, G, axis=0), comp], axis=1),
+            "input_mask": np.concatenate([np.repeat(mask, G, axis=0), cmask], axis=1),
+            "loss_mask": np.concatenate(
+                [np.zeros((len(comp), self.P), np.float32), cmask.astype(np.float32)], axis=1
+            ),
+            "old_logp": np.concatenate(
+                [np.zeros((len(comp), self.P), np.float32), logp * cmask], axis=1
+            ),
+        }
+        scripts = [self.tok.decode(row[m]) for row, m in zip(comp, cmask, strict=True)]
+        return rows, scripts
+
+    def _execute(self, step, rows_tasks, scripts, indices):
+        """Submit the given rows; journal hits are reused. Returns {row: future-or-record}."""
+        pending = {}
+        for i in indices:
+            hit = self.journal.lookup(step, int(i), scripts[i])
+            pending[int(i)] = (
+                hit if hit is not None else self.pool.submit(rows_tasks[i], scripts[i])
+            )
+        return pending
+
+    def _collect(self, step, pending, rows_tasks, scripts, n):
+        r_env = np.zeros(n, np.float32)
+        status = np.full(n, int(Status.UNGRADED), np.int32)
+        new = 0
+        for i, item in pending.items():
+            if isinstance(item, dict):
+                rec = item
+            else:
+                res = item.result()
+                reward = None if math.isnan(res.reward) else res.reward
+                rec = self.journal.record(step, i, scripts[i], rows_tasks[i].id, res.status, reward)
+                new += 1
+            status[i] = rec["status"]
+            r_env[i] = 0.0 if rec["reward"] is None else rec["reward"]
+        return r_env, status, new
+
+    def _wm_scores(self, params, rows) -> dict:
+        out = self.wm_score(params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]))
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    # -- one RL step ---------------------------------------------------------------------
+
+    def run_step(self, st: RunState) -> tuple[RunState, dict, list[dict]]:
+        """One RL step; returns the new state, the step's metrics and its anchor pairs."""
+        cfg, B, G, step = self.config, self.B, self.G, st.step
+        t_step = time.monotonic()
+        key = jax.random.fold_in(self.key, step)
+        k_gen, k_route = jax.random.split(key)
+        tasks = self._tasks_for_step(step)
+        row_tasks = [t for t in tasks for _ in range(G)]
+        t0 = time.monotonic()
+        rows, scripts = self._generate(st.policy.params, tasks, self.sc, k_gen)
+        generate_s = time.monotonic() - t0
+
+        wm_s = 0.0
+        wm_out = None
+        if self.spec.uses_wm and self.routing.uncertainty_share > 0:
+            t0 = time.monotonic()
+            wm_out = self._wm_scores(st.wm.params, rows)
+            wm_s += time.monotonic() - t0
+            group_var = jnp.asarray(wm_out["predictive_var"].reshape(B, G).mean(axis=1))
+        else:
+            group_var = None
+        is_anchor, picked_by = route_anchors(k_route, B, self.routing, None, group_var)
+        is_anchor = np.asarray(is_anchor)
+        anchor_rows = np.repeat(is_anchor, G)
+        t_exec = time.monotonic()
+        pending = self._execute(step, row_tasks, scripts, np.nonzero(anchor_rows)[0])
+        # While the anchors execute: WM scores and the reference policy's log-probs.
+        if self.spec.uses_wm and wm_out is None:
+            t0 = time.monotonic()
+            wm_out = self._wm_scores(st.wm.params, rows)
+            wm_s += time.monotonic() - t0
+        t0 = time.monotonic()
+        ref_logp = np.asarray(
+            self.logprobs(
+                st.ref_params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"])
+            )
+        )
+        train_s = time.monotonic() - t0
+        r_env, status, new_execs = self._collect(step, pending, row_tasks, scripts, B * G)
+        execute_s = time.monotonic() - t_exec
+        r_wm = wm_out["score"] if wm_out is not None else np.zeros(B * G, np.float32)
+
+        t0 = time.monotonic()
+        env_valid = anchor_rows & (status != int(Status.UNGRADED))
+        correction, out, stats = self._correct(
+            st.correction, jnp.asarray(r_wm), jnp.asarray(r_env), jnp.asarray(env_valid),
+            jnp.asarray(anchor_rows), jnp.asarray(is_anchor), jnp.asarray(np.nonzero(is_anchor)[0]),
+        )  # fmt: skip
+        batch = {
+            **rows,
+            "ref_logp": ref_logp * rows["loss_mask"],
+            "advantages": np.asarray(out["advantages"]),
+        }
+        if self._policy_step is None:
+            self._policy_step = models.policy_step(self.policy, batch, cfg)
+        policy, pmetrics = self._policy_step(st.policy, batch)
+        wm = st.wm
+        replay = st.replay
+        if self.spec.uses_wm:  # the WM learns only from real outcomes
+            idx = np.nonzero(anchor_rows)[0]
+            replay.add({k: rows[k][idx] for k in ("tokens", "input_mask")}, r_env[idx], status[idx])
+            wm = self._wm_online(wm, replay, step)
+        jax.block_until_ready((policy, wm))
+        train_s += time.monotonic() - t0
+
+        n_anchor = int(anchor_rows.sum())
+        counts = Counter(Status(int(s)).name for s in status[anchor_rows])
+        metrics = {
+            "step": step + 1,
+            "generate_s": generate_s,
+            "execute_s": execute_s,
+            "wm_score_s": wm_s,
+            "train_s": train_s,
+            "anchor_fraction": n_anchor / (B * G),
+            "anchor_groups_uncertainty": int((np.asarray(picked_by) == 2).sum()),
+            "real_executions_step": new_execs,
+            "mean_script_tokens": float(rows["loss_mask"].sum() / (B * G)),
+            "anchor_status": dict(counts),
+            "policy_kl": _mean(pmetrics, "kl"),
+            **{k: float(v) if v.dtype != bool else bool(v) for k, v in stats.items()},
+        }
+        if self.spec.uses_wm:
+            metrics["wm_anchor_mae"] = (
+                float(np.abs(r_wm - r_env)[env_valid].mean()) if env_valid.any() else None
+            )
+        wall = time.monotonic() - t_step
+        new_state = dataclasses.replace(
+            st, step=step + 1, policy=policy, wm=wm, correction=correction, replay=replay,
+            wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + new_execs,
+            wm_calls=st.wm_calls + (B * G if self.spec.uses_wm else 0),
+        )  # fmt: skip
+        metrics["wall_time_s"] = new_state.wall_time_s
+        metrics["real_executions"] = new_state.real_executions
+        if not self.spec.uses_wm:  # no WM in standard GRPO: its diagnostics do not exist
+            for k in ("bias_reduction", "residual_before", "residual_after", "wm_rank_corr"):
+                metrics[k] = None
+        cal = np.asarray(out["calibrated"])
+        pairs = [
+            {"step": step + 1, "row": int(i), "task_id": row_tasks[i].id, "status": int(status[i]),
+             "r_wm": float(r_wm[i]), "r_cal": float(cal[i]), "r_env": float(r_env[i])}
+            for i in np.nonzero(env_valid)[0]
+        ]  # fmt: skip
+        return new_state, metrics, pairs
+
+    def _wm_online(self, wm: TrainState, replay: Replay, step: int) -> TrainState:
+        cfg = self.config
+        if replay.count == 0 or cfg.wm.online_steps == 0:
+            return wm
+        rng = np.random.default_rng([cfg.seed, step, 7])
+        arrays = replay.arrays()
+        for _ in range(cfg.wm.online_steps):
+            idx = rng.integers(0, replay.count, cfg.wm.batch_size)
+            b = models.wm_batch(arrays, idx, rng, cfg.wm.num_members)
+            if self._wm_step is None:
+                self._wm_step = models.wm_step(self.wm, b)
+            wm, _ = self._wm_step(wm, b)
+        return wm
+
+    # -- evaluation ----------------------------------------------------------------------
+
+    def evaluate(self, st: RunState) -> dict:
+        """k scripts per held-out task, executed for real; mean reward and status rates."""
+        t0 = time.monotonic()
+        tasks = self.prepared.heldout_tasks
+        k = self.config.rl.eval_samples
+        key = jax.random.fold_in(jax.random.key(self.config.seed + 1), st.step)
+        rows, scripts = self._generate(st.policy.params, tasks, self.eval_sc, key)
+        futs = [
+            self.pool.submit(t, scripts[i * k + j]) for i, t in enumerate(tasks) for j in range(k)
+        ]
+        results = [f.result() for f in futs]
+        graded = [r for r in results if r.status != Status.UNGRADED]
+        counts = Counter(r.status.name for r in graded)
+        per_task = {}
+        for i, t in enumerate(tasks):
+            rs = [r.reward for r in results[i * k : (i + 1) * k] if r.status != Status.UNGRADED]
+            per_task[t.id] = float(np.mean(rs)) if rs else None
+        return {
+            "step": st.step,
+            "wall_time_s": st.wall_time_s,
+            "real_executions": st.real_executions,
+            "heldout_reward": float(np.mean([r.reward for r in graded])) if graded else None,
+            "heldout_status_rates": {
+                s.name: counts.get(s.name, 0) / max(len(graded), 1)
+                for s in Status
+                if s != Status.UNGRADED
+            },
+            "heldout_per_task": per_task,
+            "heldout_ungraded": len(results) - len(graded),
+            "eval_s": time.monotonic() - t0,
+            "mean_script_tokens": float(rows["loss_mask"].sum() / len(scripts)),
+        }
+
+
+def _mean(metrics: dict, name: str):
+    if name not in metrics:
+        return None
+    s, c = metrics[name]
+    return float(s) / max(float(c), 1.0)
