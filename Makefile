@@ -1,11 +1,12 @@
 # Two commands on a fresh machine with Python 3.11:
 #   make run    set up .venv and run the main job on its embedded default
+#               (World Model RL on Mini AutoResearch; CONFIG=configs/bandit.py for the theory)
 #   make test   set up .venv, lint, and run the fast test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= runs/$(notdir $(basename $(CONFIG)))-$(shell date +%Y%m%d-%H%M%S)
-CONFIG ?= configs/bandit.py
+CONFIG ?= configs/autoresearch_tiny.py
 
 .PHONY: setup setup-test run test test-slow test-all lint format clean
 

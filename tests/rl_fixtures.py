@@ -13,13 +13,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {
-    "suite.tasks": ("iris-species", "heldout-penguins-sex"),
+    "suite.tasks": ("iris-species", "heldout-gaussian-quantiles"),
     "suite.workers": 2,
     "data.scripts_per_task": 6,
     "data.sft_scripts_per_task": 10,
-    "data.vocab_size": 600,
-    "data.max_prompt_len": 80,
-    "data.max_new_tokens": 320,
+    "data.vocab_size": 2000,
+    "data.max_prompt_len": 192,
+    "data.max_new_tokens": 384,
     "policy.d_model": 32,
     "policy.num_layers": 1,
     "policy.mlp_dim": 64,

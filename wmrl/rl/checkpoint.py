@@ -106,6 +106,16 @@ class Checkpointer:
             )
         return None
 
+    def read_raw(self, step: int | None = None) -> tuple[dict, dict]:
+        """(state tree as saved, meta) of a step (default: the latest), without a template:
+        for inspecting a run (tests, notebooks), not for resuming it."""
+        step = self.manager.latest_step() if step is None else step
+        out = self.manager.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
+        )
+        return out["state"], out["meta"]
+
     def close(self) -> None:
         self.manager.close()
 

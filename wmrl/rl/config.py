@@ -178,9 +178,9 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def config_differences(saved: dict, config) -> list[str]:
-    """Fields (dotted) whose values differ between a saved config.json and `config`,
-    ignoring those a resumed run may change."""
-    now = _flatten(json.loads(config.to_json_best_effort()))
+    """Fields (dotted) whose values differ between a saved config.json and `config` (a
+    ConfigDict or a plain dict), ignoring those a resumed run may change."""
+    now = _flatten(config if isinstance(config, dict) else json.loads(config.to_json_best_effort()))
     before = _flatten(saved)
     norm = lambda v: list(v) if isinstance(v, tuple) else v
     keys = sorted(set(now) | set(before))

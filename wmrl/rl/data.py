@@ -6,9 +6,9 @@ the script separator) and the script right after it (`N = data.max_new_tokens` t
 EOS-terminated, then padding). Generation produces exactly this layout, so the WM scores
 sampled scripts in the same format it was pretrained on.
 
-The prompt is the task card's header (type, metric, target and id columns, rows, limits)
-plus a one-line column summary (numeric / with missing values / categorical): the full
-column tables of wide tasks do not fit a tiny context.
+The prompt is the task card's facts (type, metric, target and id columns, rows, limits) plus
+a one-line data summary (missing values? categorical columns?): the full column tables of
+wide tasks do not fit a tiny context.
 """
 
 from __future__ import annotations
@@ -28,16 +28,22 @@ from wmrl.envs.autoresearch.make_task import task_info
 from wmrl.envs.autoresearch.task import Task, load_suite
 from wmrl.tokenizer import Tokenizer
 
+PROMPT_FORMAT = 2  # bump when prompt_text changes: tokenizers trained on the old one are stale
+
 
 def prompt_text(task: Task) -> str:
-    """The card header plus a column summary, ending with the script separator."""
-    header = task.card.split("## Columns")[0].rstrip()
+    """The card's facts (its `- ` lines: type, metric, target and id columns, rows, limits)
+    plus a one-line data summary, ending with the script separator. The task's name and
+    free-text description are left out so a held-out task's prompt looks like the training
+    prompts in everything but its facts."""
+    header = task.card.split("## Columns")[0]
+    facts = [line for line in header.splitlines() if line.startswith("- ")]
     info = task_info(task)
-    facts = [
+    data = [
         "has missing values" if info.has_missing else "no missing values",
         "has categorical columns" if info.has_categorical else "all numeric",
     ]
-    return f"{header}\n- Data: {', '.join(facts)}\n{SEP}"
+    return "\n".join([*facts, f"- Data: {', '.join(data)}"]) + "\n" + SEP
 
 
 @dataclasses.dataclass
@@ -89,7 +95,7 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
     with open(log) as f:
         executions = [json.loads(line) for line in f if line.strip()]
     executions.sort(key=lambda r: (r["task_id"], r["index"]))
-    spm_path = data_dir / "spm.model"
+    spm_path = data_dir / f"spm_p{PROMPT_FORMAT}_v{config.data.vocab_size}.model"
     if not spm_path.exists():
         prompts = {t.id: prompt_text(t) for t in train}
         docs = list(prompts.values()) + [
@@ -97,7 +103,7 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
         ]  # training tasks only: held-out tasks never shape the tokenizer
         tmp = data_dir / "spm.tmp"
         Tokenizer.train(docs, tmp, vocab_size=config.data.vocab_size, code_pieces=True)
-        os.replace(f"{tmp}.vocab", data_dir / "spm.vocab")
+        os.replace(f"{tmp}.vocab", spm_path.with_suffix(".vocab"))
         os.replace(f"{tmp}.model", spm_path)
     return Prepared(suite_dir, train, heldout, executions, Tokenizer.load(spm_path))
 

@@ -17,23 +17,58 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
+from wmrl.config_errors import ConfigError
 from wmrl.models.world_model import interval_ece, spearman
 from wmrl.rl import data as rldata
 from wmrl.rl import models
+from wmrl.rl.config import config_differences
+
+# What each stage's output depends on (dotted config fields; a section means all of it).
+STAGE_FIELDS = {
+    "warmstart": ("seed", "suite.dir", "suite.tasks", "data", "policy"),
+    "wm_pretrain": (
+        "seed", "suite.dir", "suite.tasks", "data", "wm.d_model", "wm.num_layers", "wm.mlp_dim",
+        "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size", "wm.learning_rate",
+    ),
+}  # fmt: skip
 
 
-def _done(stage_dir: Path) -> dict | None:
+def _fingerprint(config, stage: str) -> dict:
+    out = {}
+    for field in STAGE_FIELDS[stage]:
+        node = config
+        for part in field.split("."):
+            node = node[part]
+        out[field] = json.loads(json.dumps(node.to_dict() if hasattr(node, "to_dict") else node))
+    return out
+
+
+def _done(stage_dir: Path, config) -> dict | None:
+    """The stage's report if it completed with this config; a stage made with another config
+    is an error naming the fields (loading it would fail on shapes, or silently differ)."""
     path = stage_dir / "done.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    saved = report.get("config", {})
+    diff = config_differences(saved, _fingerprint(config, stage_dir.name))
+    if diff:
+        raise ConfigError(
+            "config.init_dir",
+            f"{stage_dir} was made with a different config (fields: {', '.join(diff)}); "
+            "use another init_dir or the same settings",
+        )
+    return report
 
 
-def save_params(stage_dir: Path, params, report: dict) -> None:
+def save_params(stage_dir: Path, params, report: dict, config) -> None:
     if stage_dir.exists():
         shutil.rmtree(stage_dir)  # a half-written earlier attempt
     stage_dir.mkdir(parents=True)
     ckpt = ocp.StandardCheckpointer()
     ckpt.save((stage_dir / "params").absolute(), params)
     ckpt.wait_until_finished()
+    report = {**report, "config": _fingerprint(config, stage_dir.name)}
     (stage_dir / "done.json").write_text(json.dumps(report, indent=2))
 
 
@@ -53,12 +88,17 @@ def sft_rows(config, prepared: rldata.Prepared) -> dict:
         config.data.max_prompt_len, config.data.max_new_tokens,
     )  # fmt: skip
     keep = rows["fits"]
+    if not keep.any():
+        raise ConfigError(
+            "config.data.max_new_tokens",
+            f"no warm-start script fits in {config.data.max_new_tokens} tokens",
+        )
     return {k: v[keep] for k, v in rows.items() if k != "fits"}
 
 
 def warm_start(config, prepared, policy: models.Model, stage_dir: Path, progress=True):
     """SFT the policy on the corpus; returns (policy params, report)."""
-    report = _done(stage_dir)
+    report = _done(stage_dir, config)
     if report is not None:
         return load_params(stage_dir, policy.state.params), report
     rows = sft_rows(config, prepared)
@@ -84,7 +124,7 @@ def warm_start(config, prepared, policy: models.Model, stage_dir: Path, progress
             bar.set_postfix(nll=f"{nll:.3f}")
     report = {"sft_steps": steps, "sft_examples": n, "final_nll": nll,
               "time_s": time.monotonic() - t0}  # fmt: skip
-    save_params(stage_dir, state.params, report)
+    save_params(stage_dir, state.params, report, config)
     return state.params, report
 
 
@@ -124,7 +164,7 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64) -> dict:
 
 def pretrain_wm(config, prepared, wm: models.Model, stage_dir: Path, progress=True):
     """Fit the WM on the executed corpus of the training tasks; report held-out calibration."""
-    report = _done(stage_dir)
+    report = _done(stage_dir, config)
     if report is not None:
         return load_params(stage_dir, wm.state.params), report
     from wmrl.models.train_steps import make_wm_score_fn
@@ -151,5 +191,5 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: Path, progress=Tr
         "heldout": wm_report(score_fn, state.params, held),
         "time_s": time.monotonic() - t0,
     }
-    save_params(stage_dir, state.params, report)
+    save_params(stage_dir, state.params, report, config)
     return state.params, report

@@ -1,0 +1,84 @@
+"""Bad AutoResearch configs: clear errors naming the field, before anything is written."""
+
+import json
+import warnings
+
+import pytest
+from rl_fixtures import load_config, run_main
+
+from wmrl.config_errors import ConfigError
+from wmrl.rl.config import config_differences, groups_per_step, validate_autoresearch_config
+from wmrl.rl.experiment import check_resumable
+
+
+def test_default_config_is_valid():
+    validate_autoresearch_config(load_config())
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("mode", "wm_plus", "config.mode"),
+        ("routing", "random", "config.routing"),
+        ("rl.group_size", 1, "config.rl.group_size"),
+        ("rl.batch_size", 30, "config.rl.batch_size"),
+        ("rl.baseline", "median", "config.rl.baseline"),
+        ("suite.dir", "/nonexistent/suite", "config.suite.dir"),
+        ("suite.tasks", ("iris-species", "no-such-task"), "config.suite.tasks"),
+        ("suite.tasks", ("iris-species",), "config.suite.tasks"),
+        ("correction.rho", 1.5, "config.correction"),
+        ("rl.steps", 0, "config.rl.steps"),
+    ],
+)
+def test_bad_field_is_named(field, value, message):
+    c = load_config()
+    node = c
+    *parents, leaf = field.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        validate_autoresearch_config(c)
+
+
+def test_batch_size_sets_the_number_of_groups():
+    c = load_config()
+    c.rl.batch_size, c.rl.group_size = 24, 4
+    validate_autoresearch_config(c)
+    assert groups_per_step(c) == 6
+
+
+def test_zero_anchor_groups_with_debiasing_warns_and_uses_the_minimum():
+    c = load_config()
+    c.mode, c.correction.rho, c.correction.min_groups = "wmrl", 0.0, 0
+    with pytest.warns(UserWarning, match="zero anchor groups"):
+        validate_autoresearch_config(c)
+    assert c.correction.min_groups == 1
+    c = load_config()
+    c.mode, c.correction.rho, c.correction.min_groups = "wm_only", 0.0, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no debiasing: zero anchors is a legitimate choice
+        validate_autoresearch_config(c)
+
+
+def test_incompatible_workdir_names_the_differing_fields(tmp_path):
+    c = load_config()
+    (tmp_path / "config.json").write_text(c.to_json_best_effort())
+    check_resumable(c, tmp_path)  # same config: fine
+    c.rl.steps = 80  # may change on resume (run longer)
+    check_resumable(c, tmp_path)
+    c.rl.group_size, c.wm.num_members = 8, 3
+    assert config_differences(json.loads((tmp_path / "config.json").read_text()), c) == [
+        "rl.group_size",
+        "wm.num_members",
+    ]
+    with pytest.raises(ConfigError, match=r"rl\.group_size, wm\.num_members"):
+        check_resumable(c, tmp_path)
+
+
+def test_cli_unknown_mode_writes_nothing(tmp_path):
+    wd = tmp_path / "run"
+    proc = run_main(wd, ["--config.mode=fastest"], timeout=120)
+    assert proc.returncode == 2
+    assert "config.mode" in proc.stderr and "fastest" in proc.stderr
+    assert not wd.exists()
