@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,3 +29,51 @@ def test_theory_bandits_notebook_executes(monkeypatch):
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 2
     assert os.path.exists(ROOT / "colabs" / "theory_bandits.ipynb")
+
+
+def execute_ablations(monkeypatch, workdir, timeout):
+    nb = nbformat.read(ROOT / "colabs" / "ablations.ipynb", as_version=4)
+    monkeypatch.setenv("WMRL_NOTEBOOK_FAST", "1")
+    monkeypatch.setenv("WMRL_NOTEBOOK_WORKDIR", str(workdir))
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(ROOT / "colabs")}},
+    )
+    client.execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = " ".join(
+        str(o.get("data", {}).get("text/plain", "")) + str(o.get("text", "")) for o in outputs
+    )
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    return text, images
+
+
+def test_ablations_notebook_on_finished_runs(monkeypatch, tmp_path):
+    """Every cell after the runs (table, curves, calibration) on hand-written finished runs of
+    the five modes, which the benchmark reuses instead of running RL."""
+    from tests.speedup_fixtures import finished_benchmark
+
+    modes = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
+    finished_benchmark(tmp_path, modes)
+    text, images = execute_ablations(monkeypatch, tmp_path, timeout=300)
+    assert all(m in text for m in modes)
+    assert "final_heldout_reward" in text and "time_to_target_ratio" in text
+    # the hand-written pairs: raw MAE mean(|0.1 i - 0.5|, i < 10) = 0.25, debiased 0.05
+    assert "MAE raw 0.250, debiased 0.050" in text
+    assert len(images) == 2  # the reward curves and the calibration plot
+    assert (tmp_path / "speedup.json").exists()
+
+
+@pytest.mark.slow
+def test_ablations_notebook_executes_tiny(monkeypatch, tmp_path):
+    """The whole notebook on the tiny setting: shared stages, five modes of 2 RL steps."""
+    text, images = execute_ablations(monkeypatch, tmp_path, timeout=1200)
+    assert "time_to_target_ratio" in text and "wm_only" in text
+    assert len(images) == 2
+    for m in ("real", "wm_only", "debias_only", "denoise_only", "wmrl"):
+        assert (tmp_path / m / "summary.json").exists()

@@ -1,0 +1,218 @@
+"""The speedup benchmark: its figures against hand-computed numbers, the CLI on hand-written
+finished runs (fast), and one end-to-end run of the tiny setting (slow)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.speedup_fixtures import ev, finished_benchmark
+from wmrl.benchmarks import speedup
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+REAL = [ev(0.0, 0.20), ev(50.0, 0.30), ev(100.0, 0.45), ev(150.0, 0.40)]
+WMRL = [ev(0.0, 0.20), ev(20.0, 0.41), ev(40.0, 0.50), ev(60.0, 0.52)]
+
+
+def test_time_to_reward_first_eval_at_or_above():
+    assert speedup.time_to_reward(REAL, 0.40) == 100.0  # 0.45 at t=100 is the first >= 0.40
+    assert speedup.time_to_reward(REAL, 0.45) == 100.0
+    assert speedup.time_to_reward(REAL, 0.20) == 0.0  # the warm start already has it
+    assert speedup.time_to_reward(REAL, 0.46) is None
+    assert speedup.time_to_reward([ev(0.0, None), ev(5.0, 0.3)], 0.1) == 5.0  # ungraded skipped
+
+
+def test_time_to_target_ratio():
+    # real's final reward is 0.40, first reached by real at t=100 and by wmrl at t=20 (0.41).
+    out = speedup.time_to_target_ratio({"real": REAL, "wmrl": WMRL})
+    assert out["target"] == 0.40 and out["t_real"] == 100.0 and out["t_mode"] == 20.0
+    assert out["ratio"] == pytest.approx(5.0) and out["note"] is None
+    # wmrl never reaches 0.40: no ratio, and the note says so.
+    slow = [ev(0.0, 0.20), ev(30.0, 0.35)]
+    out = speedup.time_to_target_ratio({"real": REAL, "wmrl": slow})
+    assert out["ratio"] is None and out["t_mode"] is None and "never reached" in out["note"]
+    # real ends where the warm start was: reached at t=0 by both, no ratio.
+    flat = [ev(0.0, 0.20), ev(50.0, 0.10), ev(90.0, 0.20)]
+    out = speedup.time_to_target_ratio({"real": flat, "wmrl": WMRL})
+    assert out["ratio"] is None and out["t_real"] == 0.0 and "warm start" in out["note"]
+
+
+def test_reward_at_equal_wall_clock():
+    # Modes reach 150 s and 60 s: compare at 60 s. real's last eval at or before 60 is t=50.
+    t, rewards = speedup.reward_at_equal_wall_clock({"real": REAL, "wmrl": WMRL})
+    assert t == 60.0
+    assert rewards == {"real": 0.30, "wmrl": 0.52}
+    assert speedup.reward_at_wall_clock(REAL, 49.9) == 0.20
+    assert speedup.reward_at_wall_clock([ev(0.0, 0.1), ev(10.0, None)], 10.0) == 0.1
+    assert speedup.reward_at_wall_clock([ev(5.0, 0.1)], 1.0) is None
+
+
+def step(n, wall, execute, anchor_fraction=1.0):
+    return {"step": n, "wall_time_s": wall, "execute_s": execute,
+            "anchor_fraction": anchor_fraction}  # fmt: skip
+
+
+def test_step_times_from_cumulative_wall_clock():
+    steps = [step(2, 18.0, 0), step(1, 10.0, 0), step(3, 26.5, 0)]  # order does not matter
+    assert speedup.step_times(steps) == [10.0, 8.0, 8.5]
+
+
+def test_amdahl_hand_numbers():
+    # real: cumulative 10, 18, 26, 34 -> steps 10, 8, 8, 8; warmup 1 -> T_real = 8.
+    # execute_s 5, 6, 6, 6 -> E_real = 6. wmrl anchors a = 0.25 (first step ignored).
+    # T_free = (8 - 6) + 0.25 * 6 = 3.5; bound = 8 / 3.5 = 16/7.
+    # wmrl: cumulative 12, 16, 20, 24 -> T_wmrl = 4; per-step 8 / 4 = 2; reached 2 / (16/7).
+    real = [step(1, 10, 5), step(2, 18, 6), step(3, 26, 6), step(4, 34, 6)]
+    wmrl = [step(1, 12, 9, 0.5), step(2, 16, 1, 0.25), step(3, 20, 1, 0.25), step(4, 24, 1, 0.25)]
+    out = speedup.amdahl(real, wmrl, warmup=1)
+    assert out["real_step_s"] == pytest.approx(8.0)
+    assert out["real_execute_s"] == pytest.approx(6.0)
+    assert out["anchor_fraction"] == pytest.approx(0.25)
+    assert out["free_wm_step_s"] == pytest.approx(3.5)
+    assert out["execute_share"] == pytest.approx(0.75)
+    assert out["amdahl_bound"] == pytest.approx(16 / 7)
+    assert out["per_step_speedup"] == pytest.approx(2.0)
+    assert out["amdahl_fraction_reached"] == pytest.approx(2.0 * 7 / 16)
+    # warmup 0 keeps the compile steps: T_real = 34/4, E_real = 23/4, a = 1.25/4, T_wmrl = 6.
+    out = speedup.amdahl(real, wmrl, warmup=0)
+    T, E, a = 8.5, 5.75, 0.3125
+    assert out["amdahl_bound"] == pytest.approx(T / ((T - E) + a * E))
+    assert out["per_step_speedup"] == pytest.approx(T / 6.0)
+    # one step only: the warmup cannot drop it.
+    out = speedup.amdahl([step(1, 10, 4)], [step(1, 5, 1, 0.5)], warmup=1)
+    assert out["amdahl_bound"] == pytest.approx(10 / (6 + 2))
+    assert out["per_step_speedup"] == pytest.approx(2.0)
+    assert speedup.amdahl([], wmrl)["amdahl_bound"] is None
+
+
+def test_calibration_mae_and_bins():
+    pairs = [
+        {"r_wm": 0.05, "r_cal": 0.15, "r_env": 0.2},
+        {"r_wm": 0.15, "r_cal": 0.25, "r_env": 0.2},
+        {"r_wm": 0.95, "r_cal": 0.75, "r_env": 0.8},
+    ]
+    cal = speedup.calibration(pairs, bins=2)
+    assert cal["n"] == 3
+    assert cal["raw"]["mae"] == pytest.approx((0.15 + 0.05 + 0.15) / 3)
+    assert cal["debiased"]["mae"] == pytest.approx((0.05 + 0.05 + 0.05) / 3)
+    # two bins over [0, 1]: [0, 0.5) holds the first two pairs, [0.5, 1] the third.
+    assert cal["raw"]["score"] == pytest.approx([0.10, 0.95])
+    assert cal["raw"]["real"] == pytest.approx([0.20, 0.80])
+
+
+def test_shared_config_budget_and_steps(tmp_path):
+    from tests.rl_fixtures import load_config
+
+    base = load_config()
+    c = speedup.shared_config(base, tmp_path)
+    assert c.data_dir == str(tmp_path / "shared" / "data")
+    assert c.init_dir == str(tmp_path / "shared" / "init")
+    assert c.rl.steps == base.rl.steps and c.rl.max_wall_time_s == 0.0
+    c = speedup.shared_config(base, tmp_path, budget_s=300.0)
+    assert c.rl.max_wall_time_s == 300.0 and c.rl.steps == speedup.UNLIMITED_STEPS
+    c = speedup.shared_config(base, tmp_path, budget_s=300.0, steps=7)
+    assert c.rl.steps == 7
+    assert base.data_dir == "" and base.rl.max_wall_time_s == 0.0  # the input is not changed
+    assert speedup.mode_config(c, "real").mode == "real" and c.mode == "wmrl"
+
+
+def test_fresh_process_runs_logs_and_reports_failure(tmp_path):
+    from tests.speedup_fixtures import child_writes
+
+    marker, log = tmp_path / "marker", tmp_path / "run.log"
+    seconds = speedup._in_fresh_process(child_writes, (str(marker), str(log), False), "x", str(log))
+    assert seconds > 0 and int(marker.read_text()) != os.getpid()  # another process wrote it
+    assert log.read_text() == "child output\n"
+    with pytest.raises(RuntimeError, match=r"(?s)mode_x failed \(exit code 3\).*child output"):
+        speedup._in_fresh_process(child_writes, (str(marker), str(log), True), "mode_x", str(log))
+
+
+# -- the CLI on finished runs written by hand (no RL: every mode's summary.json exists) ------
+
+
+def bench_cmd(workdir, *flags):
+    return [sys.executable, "-m", "wmrl.benchmarks.speedup", f"--workdir={workdir}", *flags]
+
+
+def run_bench(cmd, timeout):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_cli_reuses_finished_runs_and_reports(tmp_path):
+    finished_benchmark(tmp_path)
+    out = tmp_path / "elsewhere" / "result.json"
+    proc = run_bench(bench_cmd(tmp_path, f"--out={out}"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "reusing the finished run" in proc.stdout and "shared stages" not in proc.stdout
+    data = json.loads(out.read_text())
+    # real's final 0.4: real first at 40 s, wmrl first at 8 s (0.45) -> 5x.
+    assert data["time_to_target_ratio"] == pytest.approx(5.0)
+    assert data["final_heldout_reward"] == {"real": 0.4, "wmrl": 0.5}
+    # equal wall-clock = 16 s: real's last eval at or before it is t=0 (0.2).
+    assert data["heldout_reward_at_equal_wall_clock"] == {"real": 0.2, "wmrl": 0.5}
+    # per step (first dropped): real 10 s, wmrl 4 s -> 2.5x; Amdahl: 10 / (4 + 0.25*6) = 20/11.
+    assert data["per_step_speedup"] == pytest.approx(2.5)
+    assert data["amdahl_bound"] == pytest.approx(20 / 11)
+    assert data["amdahl_fraction_reached"] == pytest.approx(2.5 * 11 / 20)
+    assert data["wall_time_s"] == {"real": 40, "wmrl": 16}
+    assert data["real_executions"] == {"real": 32, "wmrl": 8}
+    assert data["wm_calls"] == {"real": 0, "wmrl": 32}
+    assert set(data["curves"]) == {"real", "wmrl"} and len(data["curves"]["wmrl"]) == 3
+    assert data["config"]["rl.steps"] == 40 and data["machine"]["cpu_count"] == os.cpu_count()
+    assert (tmp_path / "speedup.png").stat().st_size > 0
+    assert "time_to_target_ratio" in proc.stdout and "5.00x" in proc.stdout  # the table
+
+
+def test_cli_ablations_and_refused_config(tmp_path):
+    modes = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
+    finished_benchmark(tmp_path, modes)
+    proc = run_bench(bench_cmd(tmp_path, "--ablations"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "speedup.json").read_text())
+    assert set(data["final_heldout_reward"]) == set(modes)
+    # wm_only never reaches real's final reward 0.4
+    assert data["time_to_target_s"]["wm_only"] is None
+    # a mode directory holding another config is refused before anything runs
+    (tmp_path / "real" / "summary.json").unlink()
+    (tmp_path / "real" / "config.json").write_text(json.dumps({"seed": 123}))
+    proc = run_bench(bench_cmd(tmp_path), timeout=120)
+    assert proc.returncode == 2 and "different config" in proc.stderr
+
+
+# -- end to end on the tiny setting ----------------------------------------------------------
+
+# The prompts of the tiny suite need a larger vocabulary and prompt length than
+# tests/rl_fixtures.py's TINY has (with vocab 600 they are ~250 tokens long).
+TINY_FIXES = {"data__vocab_size": 1500, "data__max_prompt_len": 112, "data__max_new_tokens": 224}
+
+
+@pytest.mark.slow
+def test_benchmark_end_to_end_tiny(tmp_path):
+    from tests.rl_fixtures import tiny_flags
+
+    flags = tiny_flags("", "", rl__steps=2, **TINY_FIXES)  # '' = the benchmark's shared dirs
+    proc = run_bench(bench_cmd(tmp_path / "bench", *flags), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "bench" / "speedup.json").read_text())
+    for key in ("time_to_target_ratio", "final_heldout_reward",
+                "heldout_reward_at_equal_wall_clock", "amdahl_bound", "amdahl_fraction_reached",
+                "per_step_speedup", "wall_time_s", "real_executions", "wm_calls", "curves",
+                "config", "machine"):  # fmt: skip
+        assert key in data, key
+    assert set(data["final_heldout_reward"]) == {"real", "wmrl"}
+    assert (tmp_path / "bench" / "speedup.png").exists()
+    # 2 steps x 2 tasks x 2 samples: real executes all 8, wmrl the anchor groups only.
+    assert data["real_executions"]["real"] == 8
+    assert data["wm_calls"] == {"real": 0, "wmrl": 8}
+    assert data["real_executions"]["wmrl"] < 8
+    for m in ("real", "wmrl"):
+        assert [e["step"] for e in data["curves"][m]] == [0, 2]
+        assert (tmp_path / "bench" / m / "summary.json").exists()
+    assert (tmp_path / "bench" / "shared" / "init" / "warmstart" / "done.json").exists()
+    assert "time_to_target_ratio" in proc.stdout
