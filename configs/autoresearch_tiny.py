@@ -79,18 +79,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.wm.replay_size = 512
 
     c.rl = ml_collections.ConfigDict()
-    c.rl.steps = 40
+    c.rl.steps = 30
     c.rl.max_wall_time_s = 0.0  # stop RL once training wall-clock reaches this (0 = no limit)
     c.rl.tasks_per_step = 8  # B groups
     c.rl.group_size = 4  # G samples per task
     c.rl.batch_size = 0  # trajectories per step; 0 = tasks_per_step * group_size
-    c.rl.learning_rate = 5e-4
+    c.rl.learning_rate = 2e-4
     c.rl.clip_eps = 0.2
-    c.rl.kl_coef = 0.01
+    c.rl.kl_coef = 0.05
     c.rl.temperature = 0.7  # sampling (train and eval); log-probs are the untempered policy's
-    c.rl.normalize_std = True
+    # Dr.GRPO (no division by the group's std): a group whose WM scores barely differ gives
+    # small advantages instead of unit-variance noise. With std division, calibrated WM scores
+    # of a weak WM (nearly constant within a group) were blown up to +-1 and the policy
+    # drifted into malformed scripts within 20 steps.
+    c.rl.normalize_std = False
     c.rl.baseline = "mean"  # or "rloo"
-    c.rl.eval_every = 10
+    c.rl.eval_every = 5
     c.rl.eval_samples = 8  # k scripts per held-out task
     c.rl.checkpoint_every = 5
     c.rl.keep_checkpoints = 3

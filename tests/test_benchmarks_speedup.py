@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.rl_fixtures import load_config
 from tests.speedup_fixtures import ev, finished_benchmark
 from wmrl.benchmarks import speedup
 
@@ -106,7 +107,6 @@ def test_calibration_mae_and_bins():
 
 
 def test_shared_config_budget_and_steps(tmp_path):
-    from tests.rl_fixtures import load_config
 
     base = load_config()
     c = speedup.shared_config(base, tmp_path)
@@ -164,7 +164,8 @@ def test_cli_reuses_finished_runs_and_reports(tmp_path):
     assert data["real_executions"] == {"real": 32, "wmrl": 8}
     assert data["wm_calls"] == {"real": 0, "wmrl": 32}
     assert set(data["curves"]) == {"real", "wmrl"} and len(data["curves"]["wmrl"]) == 3
-    assert data["config"]["rl.steps"] == 40 and data["machine"]["cpu_count"] == os.cpu_count()
+    assert data["config"]["rl.steps"] == load_config().rl.steps
+    assert data["machine"]["cpu_count"] == os.cpu_count()
     assert (tmp_path / "speedup.png").stat().st_size > 0
     assert "time_to_target_ratio" in proc.stdout and "5.00x" in proc.stdout  # the table
 
@@ -187,16 +188,12 @@ def test_cli_ablations_and_refused_config(tmp_path):
 
 # -- end to end on the tiny setting ----------------------------------------------------------
 
-# The prompts of the tiny suite need a larger vocabulary and prompt length than
-# tests/rl_fixtures.py's TINY has (with vocab 600 they are ~250 tokens long).
-TINY_FIXES = {"data__vocab_size": 1500, "data__max_prompt_len": 112, "data__max_new_tokens": 224}
-
 
 @pytest.mark.slow
 def test_benchmark_end_to_end_tiny(tmp_path):
     from tests.rl_fixtures import tiny_flags
 
-    flags = tiny_flags("", "", rl__steps=2, **TINY_FIXES)  # '' = the benchmark's shared dirs
+    flags = tiny_flags("", "", rl__steps=2)  # '' = the benchmark's shared dirs
     proc = run_bench(bench_cmd(tmp_path / "bench", *flags), timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "bench" / "speedup.json").read_text())

@@ -4,8 +4,8 @@ import json
 import warnings
 
 import pytest
-from rl_fixtures import load_config, run_main
 
+from tests.rl_fixtures import load_config, run_main
 from wmrl.config_errors import ConfigError
 from wmrl.rl.config import config_differences, groups_per_step, validate_autoresearch_config
 from wmrl.rl.experiment import check_resumable

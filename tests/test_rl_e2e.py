@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from rl_fixtures import tiny_config
 
+from tests.rl_fixtures import tiny_config
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.rl.checkpoint import Checkpointer
 from wmrl.rl.experiment import run

@@ -10,7 +10,8 @@ import subprocess
 import time
 
 import pytest
-from rl_fixtures import ROOT, main_cmd, run_main, tiny_flags
+
+from tests.rl_fixtures import ROOT, main_cmd, run_main, tiny_flags
 
 
 def read_jsonl(path):
@@ -98,4 +99,5 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(flags, uninterrupt
     out = proc.stdout + proc.stderr
     assert "could not be restored" in out and "falling back to the previous one" in out
     assert "resuming from the checkpoint of step 3" in out
+    assert list((wd / "checkpoints_corrupt").iterdir())  # the bad checkpoint is kept aside
     assert outcome(wd) == outcome(uninterrupted)

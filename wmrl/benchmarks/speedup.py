@@ -256,23 +256,10 @@ def _stages_child(config, log_path, progress) -> None:
     stage, the warm start and the WM pretraining (built exactly as `run` builds them, so that
     every mode's `run` finds them done and loads them)."""
     _redirect_output(log_path)
-    from wmrl.rl import data as rldata
-    from wmrl.rl import models, stages
-    from wmrl.rl.experiment import quiet_orbax
+    from wmrl.rl.experiment import prepare_stages, quiet_orbax
 
     quiet_orbax()
-    prepared = rldata.prepare_data(config, config.data_dir, progress=progress)
-    vocab = prepared.tokenizer.vocab_size
-    mesh = models.make_rl_mesh(config)
-    policy = models.build_policy(
-        config, vocab, models.adam(config.rl.learning_rate), mesh, config.seed
-    )
-    wm = models.build_wm(
-        config, vocab, models.adam(config.wm.online_learning_rate), mesh, config.seed + 1
-    )
-    inits = Path(config.init_dir)
-    stages.warm_start(config, prepared, policy, inits / "warmstart", progress)
-    stages.pretrain_wm(config, prepared, wm, inits / "wm_pretrain", progress)
+    prepare_stages(config, config.init_dir, progress)  # data_dir and init_dir are set
 
 
 def _mode_child(config, workdir, log_path, progress) -> None:

@@ -11,12 +11,15 @@ One checkpoint (a step directory of `<workdir>/checkpoints`) holds, as one Orbax
 
 Orbax writes a step to a temporary directory and renames it when complete, so a kill
 mid-save leaves no half checkpoint that looks finished. A checkpoint that still fails to
-restore (disk corruption, a truncated file) is reported and the previous one is used.
+restore (disk corruption, a truncated file) is reported, moved to `checkpoints_corrupt/`
+(kept, not deleted) and the previous one is used.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import time
 from pathlib import Path
 
 import jax
@@ -83,10 +86,12 @@ class Checkpointer:
                         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
                     ),
                 )
-            except Exception as e:
+            except Exception as e:  # any failure means: use the previous one
+                kept = self._quarantine(step)
                 msg = (
                     f"checkpoint {self.directory / str(step)} could not be restored "
-                    f"({type(e).__name__}: {str(e)[:300]}); falling back to the previous one"
+                    f"({type(e).__name__}: {str(e)[:300]}); falling back to the previous one "
+                    f"(the bad one is kept in {kept})"
                 )
                 log.warning(msg)
                 print(f"warning: {msg}", flush=True)
@@ -105,6 +110,15 @@ class Checkpointer:
                 evals=list(meta["evals"]),
             )
         return None
+
+    def _quarantine(self, step: int) -> Path:
+        """Move a checkpoint that failed to restore out of the manager's directory (kept for
+        inspection, never deleted), so the redone step can be saved again."""
+        dest = self.directory.parent / "checkpoints_corrupt" / f"{step}-{int(time.time())}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(self.directory / str(step)), dest)
+        self.manager.reload()
+        return dest
 
     def read_raw(self, step: int | None = None) -> tuple[dict, dict]:
         """(state tree as saved, meta) of a step (default: the latest), without a template:

@@ -21,6 +21,7 @@ mode, and time lost to a preemption after the last checkpoint is not counted twi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -122,17 +123,25 @@ class _Log:
             self.tb.close()
 
 
-def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool = True) -> dict:
-    """Run (or resume) the whole pipeline; returns the summary."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
-    from wmrl.rl.checkpoint import Checkpointer
-    from wmrl.rl.trainer import Trainer
+@dataclasses.dataclass
+class Stages:
+    """What the stages before RL produce (see `prepare_stages`)."""
 
+    prepared: rldata.Prepared
+    policy: models.Model
+    wm: models.Model
+    policy_params: dict
+    wm_params: dict
+    sft_report: dict
+    wm_report: dict
+    seconds: float
+
+
+def prepare_stages(config, workdir: str | Path, progress: bool = True) -> Stages:
+    """Data stage, warm start and WM pretraining (each loaded if already done): everything
+    RL starts from. The speedup benchmark calls this once for all modes."""
+    t0 = time.monotonic()
     workdir = Path(workdir)
-    quiet_orbax()
-    rlconfig.validate_autoresearch_config(config)
-    workdir.mkdir(parents=True, exist_ok=True)
-    t_start = time.monotonic()
     prepared = rldata.prepare_data(config, data_dir(config, workdir), progress=progress)
     vocab = prepared.tokenizer.vocab_size
     mesh = models.make_rl_mesh(config)
@@ -147,12 +156,29 @@ def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool 
         config, prepared, policy, inits / "warmstart", progress
     )
     wm_params, wm_report = stages.pretrain_wm(config, prepared, wm, inits / "wm_pretrain", progress)
-    stage_s = time.monotonic() - t_start
+    return Stages(
+        prepared, policy, wm, policy_params, wm_params, sft_report, wm_report,
+        time.monotonic() - t0,
+    )  # fmt: skip
+
+
+def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool = True) -> dict:
+    """Run (or resume) the whole pipeline; returns the summary."""
+    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.rl.checkpoint import Checkpointer
+    from wmrl.rl.trainer import Trainer
+
+    workdir = Path(workdir)
+    quiet_orbax()
+    rlconfig.validate_autoresearch_config(config)
+    workdir.mkdir(parents=True, exist_ok=True)
+    s = prepare_stages(config, workdir, progress)
+    policy_params, wm_params = s.policy_params, s.wm_params
 
     log = _Log(workdir, write_outputs)
     ckpt = Checkpointer(workdir, config.rl.keep_checkpoints)
     pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s or None)
-    trainer = Trainer(config, prepared, policy, wm, pool, workdir)
+    trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, workdir)
     try:
         st = trainer.initial_state(policy_params, wm_params)
         restored = ckpt.restore_latest(st, trainer.key)
@@ -196,7 +222,7 @@ def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool 
         pool.close()
         ckpt.close()
         log.close()
-    summary = make_summary(config, st, sft_report, wm_report, stage_s)
+    summary = make_summary(config, st, s.sft_report, s.wm_report, s.seconds)
     if write_outputs:
         records = _read_jsonl(workdir / "metrics.jsonl")
         plot_run(

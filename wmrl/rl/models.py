@@ -17,11 +17,13 @@ from wmrl.models.sharding import make_mesh
 from wmrl.models.train_steps import (
     PolicyLossConfig,
     TrainState,
+    abstract_model,
     init_train_state,
     make_policy_train_step,
     make_train_step,
     make_wm_train_step,
     masked_token_count,
+    state_shardings,
 )
 from wmrl.models.transformer import Transformer, token_logprobs
 from wmrl.models.world_model import WorldModel, WorldModelConfig
@@ -69,34 +71,46 @@ def adam(lr: float, steps: int = 0, warmup: int = 0) -> optax.GradientTransforma
 
 @dataclasses.dataclass
 class Model:
-    """A graphdef, its train state, optimiser and mesh, and the state's shardings."""
+    """A graphdef, its train state, optimiser and mesh, and the abstract state (shapes and
+    logical axes) from which every optimiser's shardings are derived."""
 
     graphdef: nnx.GraphDef
     state: TrainState
     tx: optax.GradientTransformation
     mesh: jax.sharding.Mesh
+    abstract: nnx.State
 
     @property
-    def shardings(self):
-        return jax.tree.map(lambda x: x.sharding, self.state)
+    def shardings(self) -> TrainState:
+        return state_shardings(self.abstract, self.tx, self.mesh)
+
+    def new_state(self, params, tx) -> TrainState:
+        """`TrainState(0, params, tx.init(params))` placed in the train step's shardings (a
+        state with other shardings would make the jitted step compile a second time)."""
+        shardings = state_shardings(self.abstract, tx, self.mesh)
+        init = lambda p: TrainState(jnp.int32(0), p, tx.init(p))
+        return jax.jit(init, out_shardings=shardings)(params)
 
     def with_optimizer(self, tx) -> Model:
         """Same params, a fresh optimiser state (a new training phase)."""
-        params = self.state.params
-        state = TrainState(step=jnp.int32(0), params=params, opt_state=jax.jit(tx.init)(params))
-        return Model(self.graphdef, state, tx, self.mesh)
+        return Model(
+            self.graphdef, self.new_state(self.state.params, tx), tx, self.mesh, self.abstract
+        )
+
+
+def _build(factory, tx, mesh) -> Model:
+    graphdef, state = init_train_state(factory, tx, mesh)
+    return Model(graphdef, state, tx, mesh, abstract_model(factory)[1])
 
 
 def build_policy(config, vocab_size: int, tx, mesh, seed: int) -> Model:
     cfg = policy_config(config, vocab_size)
-    graphdef, state = init_train_state(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
-    return Model(graphdef, state, tx, mesh)
+    return _build(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
 
 
 def build_wm(config, vocab_size: int, tx, mesh, seed: int) -> Model:
     cfg = wm_config(config, vocab_size)
-    graphdef, state = init_train_state(lambda: WorldModel(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
-    return Model(graphdef, state, tx, mesh)
+    return _build(lambda: WorldModel(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
 
 
 def sft_loss_fn(model: Transformer, mb: dict, normaliser):

@@ -183,7 +183,7 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: Path, progress=Tr
         if i % 10 == 0 or i == steps - 1:
             mse = float(metrics["mse"][0]) / max(float(metrics["mse"][1]), 1.0)
             bar.set_postfix(mse=f"{mse:.4f}")
-    score_fn = make_wm_score_fn(m.graphdef, jax.tree.map(lambda x: x.sharding, state), m.mesh)
+    score_fn = make_wm_score_fn(m.graphdef, m.shardings, m.mesh)
     report = {
         "pretrain_steps": steps,
         "train_examples": n,

@@ -275,18 +275,17 @@ class Trainer:
     # -- pieces --------------------------------------------------------------------------
 
     def initial_state(self, policy_params, wm_params) -> RunState:
-        tx = models.adam(self.config.rl.learning_rate)
-        self.policy = dataclasses.replace(self.policy, tx=tx)
-        policy = TrainState(jnp.int32(0), policy_params, jax.jit(tx.init)(policy_params))
-        wtx = models.adam(self.config.wm.online_learning_rate)
-        self.wm = dataclasses.replace(self.wm, tx=wtx)
-        wm = TrainState(jnp.int32(0), wm_params, jax.jit(wtx.init)(wm_params))
+        self.policy = dataclasses.replace(self.policy, tx=models.adam(self.config.rl.learning_rate))
+        self.wm = dataclasses.replace(self.wm, tx=models.adam(self.config.wm.online_learning_rate))
         ref = jax.tree.map(jnp.copy, policy_params)
         return RunState(
-            step=0, policy=policy, ref_params=ref, wm=wm,
+            step=0,
+            policy=self.policy.new_state(policy_params, self.policy.tx),
+            ref_params=ref,
+            wm=self.wm.new_state(wm_params, self.wm.tx),
             correction=init_correction_state(self.debias_cfg),
             replay=Replay.empty(self.config.wm.replay_size, self.max_len),
-        )  # fmt: skip
+        )
 
     def _tasks_for_step(self, step: int) -> list:
         """The data iterator: B training tasks for `step`, a pure function of (seed, step)."""
@@ -386,6 +385,9 @@ class Trainer:
         )
         train_s = time.monotonic() - t0
         r_env, status, new_execs = self._collect(step, pending, row_tasks, scripts, B * G)
+        # Every anchor outcome the step trains on was paid for by a real execution: those taken
+        # from the journal (a step redone after preemption) were executed before the restart.
+        n_execs = len(pending)
         execute_s = time.monotonic() - t_exec
         r_wm = wm_out["score"] if wm_out is not None else np.zeros(B * G, np.float32)
 
@@ -422,7 +424,8 @@ class Trainer:
             "train_s": train_s,
             "anchor_fraction": n_anchor / (B * G),
             "anchor_groups_uncertainty": int((np.asarray(picked_by) == 2).sum()),
-            "real_executions_step": new_execs,
+            "real_executions_step": n_execs,
+            "reused_from_journal": n_execs - new_execs,
             "mean_script_tokens": float(rows["loss_mask"].sum() / (B * G)),
             "anchor_status": dict(counts),
             "policy_kl": _mean(pmetrics, "kl"),
@@ -435,7 +438,7 @@ class Trainer:
         wall = time.monotonic() - t_step
         new_state = dataclasses.replace(
             st, step=step + 1, policy=policy, wm=wm, correction=correction, replay=replay,
-            wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + new_execs,
+            wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_execs,
             wm_calls=st.wm_calls + (B * G if self.spec.uses_wm else 0),
         )  # fmt: skip
         metrics["wall_time_s"] = new_state.wall_time_s
