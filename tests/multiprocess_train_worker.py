@@ -4,7 +4,8 @@ Usage: python tests/multiprocess_train_worker.py COORDINATOR NUM_PROCESSES PROCE
 
 Joins the run, builds the sharded train state on a (2 data, 2 fsdp, 2 tensor) mesh spanning every
 process's CPU devices, feeds only this process's rows of the global batch, runs one policy train
-step, gathers the updated parameters and (process 0) saves them with the loss.
+step, gathers the updated parameters and (process 0) saves them with the loss; then runs a few
+WMRL steps (correction + policy update, `policy_step_case.wmrl_*`) and saves those parameters.
 """
 
 import sys
@@ -52,6 +53,26 @@ def main(coordinator: str, num_processes: int, process_id: int, out_path: str) -
     if distributed.is_main_process():
         flat = {"/".join(k): v for k, v in traverse_util.flatten_dict(params).items()}
         np.savez(out_path, loss=loss_sum / count, **flat)
+
+    # A few WMRL steps: per step, the correction (replicated: every process computes the same
+    # advantages from the same rewards) and the sharded policy update on this process's rows.
+    from tests.policy_step_case import WMRL_STEPS, wmrl_advantages, wmrl_configs
+    from wmrl.core.state import init_correction_state
+
+    graphdef, state = init_train_state(factory, tx, mesh)
+    correction = init_correction_state(wmrl_configs()[0])
+    for s in range(WMRL_STEPS):
+        correction, adv = wmrl_advantages(correction, s)
+        b = {**batch, "advantages": adv}
+        local = {
+            k: jax.make_array_from_process_local_data(shardings[k], v[rows], v.shape)
+            for k, v in b.items()
+        }
+        state, _ = step(state, local)
+    params = distributed.process_allgather_to_numpy(state.params)
+    if distributed.is_main_process():
+        flat = {"/".join(k): v for k, v in traverse_util.flatten_dict(params).items()}
+        np.savez(out_path.replace(".npz", "_wmrl.npz"), **flat)
     print(f"RESULT process {jax.process_index()} of {jax.process_count()} ok", flush=True)
     jax.distributed.shutdown()
 

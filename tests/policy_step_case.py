@@ -63,3 +63,79 @@ def single_process_reference() -> tuple[jax.Array, dict]:
     params = nnx.to_pure_dict(nnx.state(model))
     grads = nnx.to_pure_dict(grads)
     return value, jax.tree.map(lambda p, g: p - LR * g, params, grads)
+
+
+# ----------------------------------------------------------------------------- WMRL steps
+# A few WMRL steps on the same batch: each step's advantages come from the trainer's
+# `correct_rewards` (monotone map fitted on the anchor pairs as they arrive, anchor weight,
+# GRPO) on a deterministic stream of WM scores and real rewards, then one policy update. The
+# correction state evolves across steps and is computed identically on every process.
+WMRL_STEPS = 3
+WMRL_G = 4
+
+
+def wmrl_configs():
+    from wmrl.core.debias import DebiasConfig
+    from wmrl.core.denoise import DenoiseConfig
+
+    return (
+        DebiasConfig(mode="monotone", num_bins=4, min_pairs=4, refit_every=2),
+        DenoiseConfig(half_life=4.0, warmup_groups=1),
+    )
+
+
+def wmrl_inputs(step: int) -> dict[str, np.ndarray]:
+    """Step `step`'s rewards: the WM distorts the scale of the real reward, plus noise."""
+    rng = np.random.default_rng(100 + step)
+    r_env = rng.uniform(0, 1, B).astype(np.float32)
+    r_wm = np.clip(0.2 + 0.6 * r_env**2 + rng.normal(0, 0.05, B), 0, 1).astype(np.float32)
+    groups = B // WMRL_G
+    anchor_groups = np.arange(groups) == step % groups
+    anchor_rows = np.repeat(anchor_groups, WMRL_G)
+    return {
+        "r_wm": r_wm, "r_env": r_env, "env_valid": anchor_rows, "anchor_rows": anchor_rows,
+        "anchor_groups": anchor_groups, "anchor_index": np.array([step % groups]),
+    }  # fmt: skip
+
+
+def wmrl_advantages(correction, step: int):
+    """(new correction state, [B] advantages) of one WMRL step."""
+    from wmrl.rl.config import MODE_SPECS
+    from wmrl.rl.trainer import correct_rewards
+
+    debias_cfg, denoise_cfg = wmrl_configs()
+    x = {k: jnp.asarray(v) for k, v in wmrl_inputs(step).items()}
+    correction, out, _ = correct_rewards(
+        correction, x["r_wm"], x["r_env"], x["env_valid"], x["anchor_rows"],
+        x["anchor_groups"], x["anchor_index"], group_size=WMRL_G, spec=MODE_SPECS["wmrl"],
+        debias_cfg=debias_cfg, denoise_cfg=denoise_cfg, normalize_std=True, baseline="mean",
+    )  # fmt: skip
+    return correction, np.asarray(out["advantages"])
+
+
+def wmrl_reference() -> dict:
+    """WMRL_STEPS plain (unjitted, single-process) correction + SGD steps; final params."""
+    from wmrl.core.state import init_correction_state
+
+    model = factory()
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    correction = init_correction_state(wmrl_configs()[0])
+    batch = global_batch()
+    for step in range(WMRL_STEPS):
+        correction, adv = wmrl_advantages(correction, step)
+        b = {k: jnp.asarray(v) for k, v in {**batch, "advantages": adv}.items()}
+
+        def loss(p, b=b):
+            nnx.replace_by_pure_dict(state, p)
+            m = nnx.merge(graphdef, state)
+            logp = token_logprobs(m, b["tokens"], b["input_mask"])
+            s, _ = token_policy_loss(
+                logp, b["old_logp"], b["ref_logp"], b["advantages"], b["loss_mask"],
+                clip_eps=LOSS.clip_eps, kl_coef=LOSS.kl_coef,
+            )  # fmt: skip
+            return s / b["loss_mask"].sum()
+
+        grads = jax.grad(loss)(params)
+        params = jax.tree.map(lambda p, g: p - LR * g, params, grads)
+    return params

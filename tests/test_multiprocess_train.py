@@ -1,11 +1,12 @@
 """Real multi-process JAX on localhost: 2 CPU processes x 4 devices run the sharded policy train
-step on their halves of one global batch; the update equals a single-process reference."""
+step on their halves of one global batch, then a few WMRL steps (the trainer's correction +
+the update); both equal a single-process reference."""
 
 import numpy as np
 from flax import traverse_util
 
 from tests.multiprocess_helpers import run_local_processes
-from tests.policy_step_case import single_process_reference
+from tests.policy_step_case import single_process_reference, wmrl_reference
 
 
 def test_policy_train_step_across_two_processes_equals_single_process(tmp_path):
@@ -21,3 +22,11 @@ def test_policy_train_step_across_two_processes_equals_single_process(tmp_path):
     assert set(got.files) - {"loss"} == set(want)
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, atol=2e-6, rtol=1e-4, err_msg=name)
+    # A few WMRL steps (monotone map + anchor weight + GRPO + update) equal a single process's.
+    want = {
+        "/".join(k): np.asarray(v) for k, v in traverse_util.flatten_dict(wmrl_reference()).items()
+    }
+    got = np.load(tmp_path / "params_wmrl.npz")
+    assert set(got.files) == set(want)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, atol=5e-6, rtol=1e-4, err_msg=name)
