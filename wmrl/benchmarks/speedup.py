@@ -40,6 +40,8 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from wmrl.jsonl import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("real", "wmrl")
 ABLATIONS = ("wm_only", "debias_only", "denoise_only")
@@ -328,18 +330,6 @@ def run_modes(config, workdir: str | os.PathLike, modes=MODES, progress: bool = 
 
 
 # -- results ---------------------------------------------------------------------------------
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-    return out
 
 
 def load_runs(workdir: str | os.PathLike, modes=MODES) -> dict:

@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from wmrl.core.state import CorrectionState
+from wmrl.rl.models import abstract_like
 from wmrl.rl.trainer import Replay, RunState
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class Checkpointer:
         """The newest checkpoint that restores; None if there is none. Corrupt ones are
         reported (with the reason) and skipped."""
         template = _tree(like, key)
-        abstract = jax.tree.map(_abstract, template)
+        abstract = abstract_like(template)
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 out = self.manager.restore(
@@ -132,13 +133,6 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
-
-
-def _abstract(x):
-    if isinstance(x, jax.Array):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-    x = np.asarray(x)
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
 def _as_correction(tree, like: CorrectionState) -> CorrectionState:

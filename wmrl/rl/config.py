@@ -46,12 +46,16 @@ RESUMABLE_FIELDS = (
 )  # fmt: skip
 
 
-def _positive(config, field: str, minimum: float = 1) -> None:
+def config_field(config, field: str):
+    """The value of a dotted field (`"rl.steps"`) of a ConfigDict or dict."""
     node = config
-    *parents, leaf = field.split(".")
-    for p in parents:
-        node = node[p]
-    v = node[leaf]
+    for part in field.split("."):
+        node = node[part]
+    return node
+
+
+def _positive(config, field: str, minimum: float = 1) -> None:
+    v = config_field(config, field)
     if not isinstance(v, int | float) or isinstance(v, bool) or v < minimum:
         raise ConfigError(f"config.{field}", f"must be a number >= {minimum}, got {v!r}")
 

@@ -31,6 +31,7 @@ import jax
 from tqdm import tqdm
 
 from wmrl.config_errors import ConfigError
+from wmrl.jsonl import read_jsonl
 from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
 from wmrl.rl import models, stages
@@ -72,22 +73,9 @@ def check_resumable(config, workdir: Path) -> None:
         )
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
-    return out
-
-
 def _truncate_jsonl(path: Path, last_step: int) -> None:
     """Keep the records of steps <= last_step (those the restored checkpoint contains)."""
-    keep = [r for r in _read_jsonl(path) if r.get("step", 0) <= last_step]
+    keep = [r for r in read_jsonl(path) if r.get("step", 0) <= last_step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
     tmp.replace(path)
@@ -224,12 +212,12 @@ def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool 
         log.close()
     summary = make_summary(config, st, s.sft_report, s.wm_report, s.seconds)
     if write_outputs:
-        records = _read_jsonl(workdir / "metrics.jsonl")
+        records = read_jsonl(workdir / "metrics.jsonl")
         plot_run(
             workdir,
             [r for r in records if r["kind"] == "step"],
             st.evals,
-            _read_jsonl(workdir / "pairs.jsonl"),
+            read_jsonl(workdir / "pairs.jsonl"),
             config.target_reward,
         )
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -12,7 +12,6 @@ import shutil
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from tqdm import tqdm
@@ -21,7 +20,7 @@ from wmrl.config_errors import ConfigError
 from wmrl.models.world_model import interval_ece, spearman
 from wmrl.rl import data as rldata
 from wmrl.rl import models
-from wmrl.rl.config import config_differences
+from wmrl.rl.config import config_differences, config_field
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
 STAGE_FIELDS = {
@@ -36,9 +35,7 @@ STAGE_FIELDS = {
 def _fingerprint(config, stage: str) -> dict:
     out = {}
     for field in STAGE_FIELDS[stage]:
-        node = config
-        for part in field.split("."):
-            node = node[part]
+        node = config_field(config, field)
         out[field] = json.loads(json.dumps(node.to_dict() if hasattr(node, "to_dict") else node))
     return out
 
@@ -74,9 +71,7 @@ def save_params(stage_dir: Path, params, report: dict, config) -> None:
 
 def load_params(stage_dir: Path, like):
     """Restore params into the shardings of `like` (an abstract or concrete params tree)."""
-    target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
-    )
+    target = models.abstract_like(like)
     return ocp.StandardCheckpointer().restore((stage_dir / "params").absolute(), target)
 
 

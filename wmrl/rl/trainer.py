@@ -42,6 +42,7 @@ from wmrl.core.grpo import apply_anchor_weight, group_advantages
 from wmrl.core.routing import route_anchors
 from wmrl.core.state import CorrectionState, init_correction_state
 from wmrl.envs.autoresearch.grader import Status
+from wmrl.jsonl import read_jsonl
 from wmrl.models.sampler import SamplingConfig, generate
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
 from wmrl.models.world_model import spearman
@@ -49,6 +50,8 @@ from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
 from wmrl.rl import models
 from wmrl.tokenizer import EOS_ID, PAD_ID
+
+REPLAY_ARRAYS = ("tokens", "input_mask", "target", "class_label", "valid")
 
 
 @dataclasses.dataclass
@@ -86,19 +89,14 @@ class Replay:
             self.count = min(self.count + 1, len(self.target))
 
     def arrays(self) -> dict:
-        return {
-            k: getattr(self, k) for k in ("tokens", "input_mask", "target", "class_label", "valid")
-        }
+        return {k: getattr(self, k) for k in REPLAY_ARRAYS}
 
     def to_tree(self) -> dict:
         return {**self.arrays(), "count": np.int64(self.count), "next": np.int64(self.next)}
 
     @classmethod
     def from_tree(cls, tree: dict) -> Replay:
-        arrays = {
-            k: np.asarray(tree[k])
-            for k in ("tokens", "input_mask", "target", "class_label", "valid")
-        }
+        arrays = {k: np.asarray(tree[k]) for k in REPLAY_ARRAYS}
         return cls(**arrays, count=int(tree["count"]), next=int(tree["next"]))
 
 
@@ -131,15 +129,7 @@ class AnchorJournal:
 
     def __init__(self, path: Path):
         self.path = path
-        self.done: dict[tuple[int, int], dict] = {}
-        if path.exists():
-            with open(path) as f:
-                for line in f:
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # the line the kill cut short
-                    self.done[(rec["step"], rec["row"])] = rec
+        self.done = {(rec["step"], rec["row"]): rec for rec in read_jsonl(path)}
         self._f = open(path, "a")  # noqa: SIM115 - kept open for the run, closed in close()
 
     def lookup(self, step: int, row: int, script: str) -> dict | None:
