@@ -76,3 +76,41 @@ def test_mode_end_to_end(mode, rl_shared, tmp_path):
         graded = sorted(j["reward"] for j in journal if j["status"] != int(Status.UNGRADED))
         assert n == len(graded)
         np.testing.assert_allclose(sorted(np.asarray(replay["target"])[:n]), graded, atol=1e-6)
+
+
+def test_warmup_compiles_every_step_function(rl_shared, tmp_path):
+    """After `Trainer.warmup` an RL step compiles nothing new, so `wall_time_s` is steady
+    state; and warm-up leaves the run's state untouched (donated states were copies)."""
+    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.models import sampler
+    from wmrl.rl.experiment import prepare_stages
+    from wmrl.rl.trainer import Trainer
+
+    data_dir, init_dir = rl_shared
+    config = tiny_config(data_dir, init_dir, mode="wmrl")
+    s = prepare_stages(config, tmp_path, progress=False)
+    pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s)
+    trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, tmp_path)
+    try:
+        st = trainer.initial_state(s.policy_params, s.wm_params)
+        before = np.asarray(st.policy.params["embed_vd"]).copy()
+        assert trainer.warmup(st) > 0
+        after = np.asarray(st.policy.params["embed_vd"])
+        np.testing.assert_array_equal(after, before)  # still readable: not donated away
+        fns = {
+            "policy_step": trainer._policy_step.jitted,
+            "wm_step": trainer._wm_step.jitted,
+            "ref_logprobs": trainer.logprobs.jitted,
+            "wm_score": trainer.wm_score.jitted,
+            "correct_rewards": trainer._correct,
+            "prefill": sampler.prefill,
+            "decode": sampler.decode,
+        }
+        sizes = {name: f._cache_size() for name, f in fns.items()}
+        st, metrics, _ = trainer.run_step(st)
+        assert metrics["real_executions_step"] == 2  # the step really ran (1 anchor group)
+        assert st.replay.count > 0  # ... and fed the WM's online update
+        assert {name: f._cache_size() for name, f in fns.items()} == sizes
+    finally:
+        trainer.journal.close()
+        pool.close()

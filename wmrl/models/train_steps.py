@@ -252,6 +252,7 @@ def make_logprobs_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
         with jax.set_mesh(mesh):
             return jitted(params, tokens, input_mask)
 
+    logprobs.jitted = jitted
     return logprobs
 
 
@@ -269,4 +270,5 @@ def make_wm_score_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
         with jax.set_mesh(mesh):
             return jitted(params, tokens, input_mask)
 
+    score.jitted = jitted
     return score

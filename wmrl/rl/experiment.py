@@ -15,8 +15,10 @@ Files in the workdir:
                     config.init_dir / config.data_dir point elsewhere)
 
 Wall-clock (`wall_time_s`) counts RL steps only (generation, execution, WM scoring,
-training); held-out evaluations and checkpoint writes are excluded, identically in every
-mode, and time lost to a preemption after the last checkpoint is not counted twice.
+training); held-out evaluations, checkpoint writes and the one-time XLA compilation of the
+step (done before the clock starts, reported as `compile_s` in summary.json) are excluded,
+identically in every mode, and time lost to a preemption after the last checkpoint is not
+counted twice.
 """
 
 from __future__ import annotations
@@ -186,6 +188,11 @@ def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool 
             log.write("metrics.jsonl", [{"kind": "eval", **ev}])
             ckpt.save(st, trainer.key, config.seed)
         steps, budget = config.rl.steps, config.rl.get("max_wall_time_s", 0.0)
+        compile_s = 0.0
+        if st.step < steps:
+            if progress:
+                print("compiling the RL step (not counted in wall_time_s)", flush=True)
+            compile_s = trainer.warmup(st)
         out_of_time = lambda: bool(budget) and st.wall_time_s >= budget
         bar = tqdm(total=steps, initial=st.step, desc=f"RL ({config.mode})", disable=not progress)
         while st.step < steps and not out_of_time():
@@ -210,7 +217,7 @@ def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool 
         pool.close()
         ckpt.close()
         log.close()
-    summary = make_summary(config, st, s.sft_report, s.wm_report, s.seconds)
+    summary = make_summary(config, st, s.sft_report, s.wm_report, s.seconds, compile_s)
     if write_outputs:
         records = read_jsonl(workdir / "metrics.jsonl")
         plot_run(
@@ -231,7 +238,9 @@ def time_to_target(evals: list[dict], target: float) -> float | None:
     return None
 
 
-def make_summary(config, st, sft_report: dict, wm_report: dict, stage_s: float) -> dict:
+def make_summary(
+    config, st, sft_report: dict, wm_report: dict, stage_s: float, compile_s: float = 0.0
+) -> dict:
     evals = st.evals
     held = {k: v for k, v in wm_report["heldout"].items() if k not in ("scores", "targets")}
     return {
@@ -260,5 +269,6 @@ def make_summary(config, st, sft_report: dict, wm_report: dict, stage_s: float) 
         "wm_pretrain_heldout": held,
         "warm_start": sft_report,
         "stages_s": stage_s,
+        "compile_s": compile_s,
         "device": str(jax.devices()[0].device_kind),
     }

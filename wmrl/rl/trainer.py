@@ -277,6 +277,51 @@ class Trainer:
             replay=Replay.empty(self.config.wm.replay_size, self.max_len),
         )
 
+    def warmup(self, st: RunState) -> float:
+        """Compile every jitted function of an RL step before the RL clock starts; returns
+        the seconds it took.
+
+        XLA compilation is a one-time cost that does not depend on the mode, so `wall_time_s`
+        (and with it time-to-target and the speedup ratio) counts steady-state RL only and the
+        compile time is reported on its own (`compile_s`). Each function runs once on inputs
+        of the step's exact shapes; outputs are discarded and donated states are copies, so
+        the run's state, RNG streams, journal and pool are untouched.
+        """
+        t0 = time.monotonic()
+        B, G = self.B, self.G
+        rows, _ = self._generate(
+            st.policy.params, self._tasks_for_step(st.step), self.sc, jax.random.key(0)
+        )
+        tokens, mask = jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"])
+        if self.spec.uses_wm:
+            self._wm_scores(st.wm.params, rows)
+        ref_logp = np.asarray(self.logprobs(st.ref_params, tokens, mask))
+        group_var = jnp.zeros(B) if self.routing.uncertainty_share > 0 else None
+        is_anchor, _ = route_anchors(jax.random.key(0), B, self.routing, None, group_var)
+        is_anchor = np.asarray(is_anchor)
+        anchor_rows = np.repeat(is_anchor, G)
+        zeros = jnp.zeros(B * G, jnp.float32)
+        _, out, _ = self._correct(
+            st.correction, zeros, zeros, jnp.zeros(B * G, bool), jnp.asarray(anchor_rows),
+            jnp.asarray(is_anchor), jnp.asarray(np.nonzero(is_anchor)[0]),
+        )  # fmt: skip
+        batch = {**rows, "ref_logp": ref_logp, "advantages": np.asarray(out["advantages"])}
+        if self._policy_step is None:
+            self._policy_step = models.policy_step(self.policy, batch, self.config)
+        copy = lambda tree: jax.tree.map(jnp.copy, tree)
+        outs = [self._policy_step(copy(st.policy), batch)]
+        if self.spec.uses_wm and self.config.wm.online_steps > 0:
+            rng = np.random.default_rng(0)
+            empty = Replay.empty(self.config.wm.batch_size, self.max_len).arrays()
+            b = models.wm_batch(
+                empty, np.arange(self.config.wm.batch_size), rng, self.config.wm.num_members
+            )
+            if self._wm_step is None:
+                self._wm_step = models.wm_step(self.wm, b)
+            outs.append(self._wm_step(copy(st.wm), b))
+        jax.block_until_ready(outs)
+        return time.monotonic() - t0
+
     def _tasks_for_step(self, step: int) -> list:
         """The data iterator: B training tasks for `step`, a pure function of (seed, step)."""
         rng = np.random.default_rng([self.config.seed, step])
