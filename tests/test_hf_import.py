@@ -46,13 +46,28 @@ def _tiny_qwen3(tmp_dir: str, tied: bool, seed: int) -> "transformers.Qwen3ForCa
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
         rope_theta=5000.0, rms_norm_eps=1e-5, tie_word_embeddings=tied, initializer_range=0.2,
     )  # fmt: skip
-    model = transformers.Qwen3ForCausalLM(config).float().eval()
+    return _randomise_norms_and_save(transformers.Qwen3ForCausalLM(config), tmp_dir)
+
+
+def _randomise_norms_and_save(model, tmp_dir: str):
+    model = model.float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
     model.save_pretrained(tmp_dir, safe_serialization=True)
     return model
+
+
+def _tiny_llama(tmp_dir: str, seed: int, **config) -> "transformers.LlamaForCausalLM":
+    """A random tiny Llama (no QK-norm, untied, rope theta 5e5) saved like `_tiny_qwen3`."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5,
+        initializer_range=0.2, max_position_embeddings=64, **config,
+    )  # fmt: skip
+    return _randomise_norms_and_save(transformers.LlamaForCausalLM(config), tmp_dir)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
@@ -62,11 +77,11 @@ def reference(request, tmp_path_factory):
     return ckpt, model, request.param
 
 
-def _batch():
+def _batch(length: int = 10):
     """Three prompts, the second and third left-padded (pad id 0, masked)."""
     rng = np.random.default_rng(0)
-    tokens = rng.integers(1, VOCAB, size=(3, 10)).astype(np.int32)
-    mask = np.ones((3, 10), bool)
+    tokens = rng.integers(1, VOCAB, size=(3, length)).astype(np.int32)
+    mask = np.ones((3, length), bool)
     mask[1, :4] = False
     mask[2, :7] = False
     tokens[~mask] = 0
@@ -108,9 +123,12 @@ def test_logits_match_reference(reference):
 
 
 def test_greedy_generation_matches_reference(reference):
-    ckpt, model, _ = reference
+    _assert_greedy_matches(*reference[:2], *_batch())
+
+
+def _assert_greedy_matches(ckpt, model, tokens, mask):
+    """Our KV-cache sampler's greedy tokens equal `model.generate(do_sample=False)`."""
     cfg, params = load_hf_checkpoint(ckpt)
-    tokens, mask = _batch()
     with torch.no_grad():
         ref = model.generate(
             input_ids=torch.from_numpy(tokens).long(),
@@ -236,8 +254,11 @@ def test_checkpoint_tokenizer_json_is_loaded_and_checked(reference, tmp_path):
         ({"use_sliding_window": True}, "sliding_window"),
         ({"attention_bias": True}, "attention_bias"),
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope"),
-        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_parameters.*'yarn'"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.*'dynamic'"),
+        ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_scaling.*'longrope'"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3.*low_freq_factor"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "linear.*factor"),
     ],
 )
 def test_unsupported_config_is_rejected(changes, field):
@@ -252,19 +273,71 @@ def test_unsupported_config_is_rejected(changes, field):
 
 def test_llama_logits_match_reference(tmp_path):
     """Llama (no QK-norm, untied, rope theta 5e5) through the same import path."""
-    torch.manual_seed(7)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5,
-        initializer_range=0.2, max_position_embeddings=64,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).float().eval()
-    model.save_pretrained(str(tmp_path), safe_serialization=True)
+    model = _tiny_llama(str(tmp_path), seed=7)
     cfg, params = load_hf_checkpoint(str(tmp_path))
     assert not cfg.qk_norm and "q_norm" not in params["blocks"]["attn"]
+    assert cfg.rope_scaling == "none"
     tokens, mask = _batch()
     ours, ref = _ours(cfg, params, tokens, mask), _reference_logits(model, tokens, mask)
     np.testing.assert_allclose(ours[mask], ref[mask], atol=1e-4, rtol=1e-4)
+
+
+# Pretraining context 16, below the 24-token prompts (+8 generated). With head_dim 16 and
+# theta 5e5 the llama3 thresholds (wavelengths 16/2 = 8 and 16/0.25 = 64) split the 8
+# frequencies into all three cases: wavelength 6.3 kept, 32 interpolated, >= 166 divided.
+SCALED_ROPE = {
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0.25,
+               "high_freq_factor": 2.0, "original_max_position_embeddings": 16},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+}  # fmt: skip
+LONG = 24
+
+
+@pytest.fixture(scope="module", params=sorted(SCALED_ROPE))
+def scaled_llama(request, tmp_path_factory):
+    ckpt = str(tmp_path_factory.mktemp(f"llama_{request.param}"))
+    rope = {**SCALED_ROPE[request.param], "rope_theta": 500000.0}
+    return ckpt, _tiny_llama(ckpt, seed=11, rope_parameters=rope), request.param
+
+
+def test_scaled_rope_llama_logits_match_reference(scaled_llama):
+    """Llama 3.1-style (and linear) rope scaling: our logits equal the reference's, and
+    the same weights with the scaling ignored are far off (so the check can fail)."""
+    ckpt, model, rope_type = scaled_llama
+    cfg, params = load_hf_checkpoint(ckpt)
+    assert cfg.rope_scaling == rope_type and cfg.rope_factor == SCALED_ROPE[rope_type]["factor"]
+    tokens, mask = _batch(LONG)
+    ours, ref = _ours(cfg, params, tokens, mask), _reference_logits(model, tokens, mask)
+    np.testing.assert_allclose(ours[mask], ref[mask], atol=1e-4, rtol=1e-4)
+    unscaled = _ours(cfg.replace(rope_scaling="none"), params, tokens, mask)
+    assert np.abs(unscaled[mask] - ref[mask]).max() > 0.1
+
+
+def test_scaled_rope_llama_greedy_generation_matches_reference(scaled_llama):
+    _assert_greedy_matches(*scaled_llama[:2], *_batch(LONG))
+
+
+def test_rope_scaling_spellings_map_alike():
+    """transformers < 4.56 `rope_theta` + `rope_scaling` (also with the legacy `type` key)
+    and the newer `rope_parameters` give the same config."""
+    hf = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rope_parameters={**SCALED_ROPE["llama3"], "rope_theta": 500000.0},
+    ).to_dict()  # fmt: skip
+    new = config_from_hf(hf)
+    assert (new.rope_scaling, new.rope_theta, new.rope_original_max_len) == ("llama3", 5e5, 16)
+    assert (new.rope_factor, new.rope_low_freq_factor, new.rope_high_freq_factor) == (8, 0.25, 2)
+    legacy = {k: v for k, v in hf.items() if k != "rope_parameters"}
+    old = config_from_hf({**legacy, "rope_theta": 500000.0, "rope_scaling": SCALED_ROPE["llama3"]})
+    assert old == new
+    linear = config_from_hf(
+        {**legacy, "rope_theta": 1e4, "rope_scaling": {"type": "linear", "factor": 2}}
+    )
+    assert (linear.rope_scaling, linear.rope_factor) == ("linear", 2.0)
+    both = {**hf, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    with pytest.raises(ValueError, match="rope_parameters and rope_scaling give different"):
+        config_from_hf(both)
 
 
 def test_missing_config_field_is_named():

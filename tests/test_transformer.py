@@ -12,6 +12,7 @@ from wmrl.models.transformer import (
     Transformer,
     causal_padding_mask,
     positions_from_mask,
+    rope_inv_freq,
     token_logprobs,
 )
 
@@ -155,12 +156,53 @@ def test_named_sizes_have_advertised_scale():
         (dict(num_heads=4, num_kv_heads=3), "num_heads=4 is not a multiple of num_kv_heads=3"),
         (dict(vocab_size=0), "vocab_size"),
         (dict(dtype="float8"), "dtype"),
+        (dict(rope_scaling="yarn"), "rope_scaling must be one of"),
+        (dict(rope_scaling="linear", rope_factor=0.0), "rope_factor"),
+        (dict(rope_scaling="llama3", rope_factor=8.0), "rope_original_max_len"),
+        (
+            dict(rope_scaling="llama3", rope_original_max_len=64, rope_high_freq_factor=1.0),
+            "rope_high_freq_factor=1.0 must exceed rope_low_freq_factor=1.0",
+        ),
     ],
 )
 def test_bad_config_raises(fields, message):
     base = dict(vocab_size=32, d_model=16, num_layers=1, num_heads=4, num_kv_heads=2)
     with pytest.raises(ValueError, match=message):
         TransformerConfig(**{**base, **fields})
+
+
+def test_rope_inv_freq_scalings_match_hand_computation():
+    """Llama 3.1 rope scaling, case by case from its definition, in float64.
+
+    head_dim 16, theta 1e4: wavelengths 2 pi * 10^(i/2) = 6.3, 19.9, 62.8, 199, ...; with
+    pretraining context 64 and factors 1/4 the first is kept (< 64/4), the next two are
+    interpolated (between 16 and 64) and the rest divided by the factor 8 (> 64/1).
+    """
+    base = dict(vocab_size=8, d_model=64, num_layers=1, num_heads=4, num_kv_heads=2)
+    plain = 10_000.0 ** (-np.arange(8) * 2.0 / 16)
+    expected, cases = [], []
+    for f in plain:
+        wavelength = 2 * np.pi / f
+        if wavelength < 64 / 4:
+            expected.append(f)
+            cases.append("kept")
+        elif wavelength > 64 / 1:
+            expected.append(f / 8)
+            cases.append("divided")
+        else:
+            smooth = (64 / wavelength - 1) / (4 - 1)
+            expected.append((1 - smooth) * f / 8 + smooth * f)
+            cases.append("interpolated")
+    assert cases == ["kept"] + ["interpolated"] * 2 + ["divided"] * 5
+    llama3 = TransformerConfig(
+        **base, rope_scaling="llama3", rope_factor=8.0, rope_original_max_len=64
+    )
+    np.testing.assert_allclose(rope_inv_freq(llama3), expected, rtol=1e-6)
+    # wavelength 19.9: smooth = (64 / 19.87 - 1) / 3 = 0.7404, so 0.2596 / 8 + 0.7404 = 0.7728 of f
+    np.testing.assert_allclose(rope_inv_freq(llama3)[1] / plain[1], 0.7728, atol=1e-4)
+    np.testing.assert_allclose(rope_inv_freq(TransformerConfig(**base)), plain, rtol=1e-6)
+    linear = TransformerConfig(**base, rope_scaling="linear", rope_factor=2.0)
+    np.testing.assert_allclose(rope_inv_freq(linear), plain / 2, rtol=1e-6)
 
 
 def test_unknown_config_field_raises():

@@ -15,6 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = ("float32", "bfloat16", "float16")
+_ROPE_SCALINGS = ("none", "linear", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,13 @@ class TransformerConfig:
     the master parameters (bf16 compute with fp32 params is the usual choice).
     `remat` recomputes each block's activations in the backward pass, trading
     ~1/3 more FLOPs for activation memory that no longer grows with depth.
+
+    `rope_scaling` stretches the rotary frequencies of a model pretrained at a
+    shorter context (see `wmrl.models.transformer.rope_inv_freq`): `linear`
+    divides all of them by `rope_factor`; `llama3` (Llama 3.1/3.2) divides only
+    the low ones, per `rope_low_freq_factor`, `rope_high_freq_factor` and the
+    pretraining context `rope_original_max_len`. The other `rope_*` fields are
+    read only by the scaling that uses them.
     """
 
     vocab_size: int
@@ -41,6 +49,11 @@ class TransformerConfig:
     qk_norm: bool = False
     tie_embeddings: bool = True
     rope_theta: float = 10_000.0
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 0
     norm_eps: float = 1e-6
     remat: bool = False
 
@@ -92,6 +105,32 @@ def validate(cfg: TransformerConfig) -> None:
             raise ValueError(
                 f"model config: {name} must be one of {_DTYPES}, got {getattr(cfg, name)!r}"
             )
+    _validate_rope_scaling(cfg)
+
+
+def _validate_rope_scaling(cfg: TransformerConfig) -> None:
+    if cfg.rope_scaling not in _ROPE_SCALINGS:
+        raise ValueError(
+            f"model config: rope_scaling must be one of {_ROPE_SCALINGS}, got {cfg.rope_scaling!r}"
+        )
+    for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"model config: {name} must be a positive number, got {value!r}")
+    if cfg.rope_scaling != "llama3":
+        return
+    if not cfg.rope_high_freq_factor > cfg.rope_low_freq_factor:
+        # The smooth interpolation between the two divides by their difference.
+        raise ValueError(
+            f"model config: rope_high_freq_factor={cfg.rope_high_freq_factor} must exceed "
+            f"rope_low_freq_factor={cfg.rope_low_freq_factor} for llama3 rope scaling"
+        )
+    original = cfg.rope_original_max_len
+    if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
+        raise ValueError(
+            "model config: rope_original_max_len must be a positive int (the pretraining "
+            f"context) for llama3 rope scaling, got {original!r}"
+        )
 
 
 # Named sizes. Parameter counts (tied unless stated) are approximate; the AOT

@@ -56,25 +56,59 @@ _ST_DTYPES: dict[str, np.dtype] = {
 }
 
 
-def _rope_settings(hf: Mapping[str, Any]) -> float:
-    """The rope theta, refusing any rope scaling (YaRN, llama3, linear, ...).
+# HF rope_type -> our `TransformerConfig.rope_scaling`; anything else is refused.
+_ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+
+
+def _rope_scaling(field: str, entry: Mapping[str, Any], hf: Mapping[str, Any]) -> dict[str, Any]:
+    """Our rope-scaling fields for one HF rope dict; `{}` for default rope."""
+    rope_type = entry.get("rope_type", entry.get("type", "default"))
+    if rope_type not in _ROPE_TYPES:
+        raise ValueError(
+            f"hf config: {field} with rope_type {rope_type!r} is not supported "
+            f"(supported: {', '.join(_ROPE_TYPES)})"
+        )
+    if rope_type == "default":
+        return {}
+    keys = (
+        ("factor", "low_freq_factor", "high_freq_factor") if rope_type == "llama3" else ("factor",)
+    )
+    for key in keys:
+        if entry.get(key) is None:
+            raise ValueError(f"hf config: {field} with rope_type {rope_type!r} lacks {key!r}")
+    out = {"rope_scaling": _ROPE_TYPES[rope_type], "rope_factor": float(entry["factor"])}
+    if rope_type == "llama3":
+        original = hf.get("original_max_position_embeddings")  # wins, as in transformers
+        if original is None:
+            original = entry.get(
+                "original_max_position_embeddings", hf.get("max_position_embeddings")
+            )
+        if original is None:
+            raise ValueError(f"hf config: {field} lacks 'original_max_position_embeddings'")
+        out.update(
+            rope_low_freq_factor=float(entry["low_freq_factor"]),
+            rope_high_freq_factor=float(entry["high_freq_factor"]),
+            rope_original_max_len=int(original),
+        )
+    return out
+
+
+def _rope_settings(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """Our rope fields (`rope_theta` and the scaling) for an HF config.
 
     transformers < 4.56 writes `rope_theta` + `rope_scaling`; later versions
-    write `rope_parameters = {"rope_type": ..., "rope_theta": ...}`.
+    write `rope_parameters = {"rope_type": ..., "rope_theta": ..., <scaling keys>}`.
+    Both present with different scalings is refused: transformers versions
+    disagree on which one wins.
     """
     params = hf.get("rope_parameters") or {}
-    for field in ("rope_parameters", "rope_scaling"):
-        entry = hf.get(field) or {}
-        rope_type = entry.get("rope_type", entry.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"hf config: {field} with rope_type {rope_type!r} is not supported "
-                "(only default rope)"
-            )
+    new, old = (_rope_scaling(f, hf.get(f) or {}, hf) for f in ("rope_parameters", "rope_scaling"))
+    if new and old and new != old:
+        raise ValueError("hf config: rope_parameters and rope_scaling give different rope scalings")
     theta = params.get("rope_theta", hf.get("rope_theta"))
     if theta is None:
         raise ValueError("hf config: rope_theta is missing")
-    return float(theta)
+    return {"rope_theta": float(theta), **(new or old)}
 
 
 def config_from_hf(
@@ -88,7 +122,8 @@ def config_from_hf(
 
     Raises `ValueError` naming the field for anything our decoder does not
     compute exactly as the reference: MoE, sliding-window attention, rope
-    scaling, attention/MLP biases, an activation other than SiLU.
+    scaling other than linear/llama3 (YaRN, dynamic NTK, LongRoPE),
+    attention/MLP biases, an activation other than SiLU.
     `max_len` defaults to `max_position_embeddings`.
     """
     model_type = hf_config.get("model_type")
@@ -133,8 +168,8 @@ def config_from_hf(
         param_dtype=param_dtype,
         qk_norm=model_type == "qwen3",
         tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
-        rope_theta=_rope_settings(hf_config),
         norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
+        **_rope_settings(hf_config),
     )
 
 

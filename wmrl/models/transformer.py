@@ -62,11 +62,36 @@ def causal_padding_mask(mask: jax.Array) -> jax.Array:
     return causal[None] & mask.astype(bool)[:, None, :]
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding on `x: [B, T, N, Dh]` at integer `positions: [B, T]`."""
-    half = x.shape[-1] // 2
-    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])
-    angles = positions.astype(jnp.float32)[..., None] * freq  # [B, T, half]
+def rope_inv_freq(cfg: TransformerConfig) -> jax.Array:
+    """`[head_dim // 2]` float32 rotary inverse frequencies, after `cfg.rope_scaling`.
+
+    `linear` divides every frequency by `rope_factor` (positions squeezed by
+    that factor). `llama3` keeps the local position resolution the model was
+    trained with and stretches only the long range: frequencies whose
+    wavelength `2 pi / f` is below `original / high_freq_factor` are kept,
+    those above `original / low_freq_factor` are divided by `rope_factor`, and
+    in between `f` blends the two with weight
+    `smooth = (original / wavelength - low) / (high - low)` on the unscaled
+    one. Clipping `smooth` to [0, 1] gives the two outer cases exactly.
+    """
+    dim = cfg.head_dim
+    inv_freq = cfg.rope_theta ** (-jnp.arange(dim // 2, dtype=jnp.float32) * 2.0 / dim)
+    if cfg.rope_scaling == "linear":
+        return inv_freq / cfg.rope_factor
+    if cfg.rope_scaling == "llama3":
+        low, high = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        wavelength = 2 * jnp.pi / inv_freq
+        smooth = jnp.clip((cfg.rope_original_max_len / wavelength - low) / (high - low), 0, 1)
+        return (1 - smooth) * inv_freq / cfg.rope_factor + smooth * inv_freq
+    return inv_freq
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding on `x: [B, T, N, Dh]` at integer `positions: [B, T]`.
+
+    `inv_freq: [Dh // 2]` comes from `rope_inv_freq`.
+    """
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh // 2]
     sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -104,8 +129,9 @@ class Attention(nnx.Module):
         v = jnp.einsum("btd,dkh->btkh", x, self.v_dkh.get_value().astype(dt))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions, cfg.rope_theta)
-        k = apply_rope(k, positions, cfg.rope_theta)
+        inv_freq = rope_inv_freq(cfg)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
         if cache is not None:
             ck, cv = cache
