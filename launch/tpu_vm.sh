@@ -145,10 +145,13 @@ else
     --command="rm -rf $REMOTE_DIR && git clone --depth=1 --branch=$BRANCH $REPO_URL $REMOTE_DIR"
 fi
 
-# 3. Requirements on every worker; jax[tpu] brings the libtpu that matches the pinned jax.
+# 3. Requirements on every worker; jax[tpu] brings the libtpu that matches the pinned jax, and
+# requirements-gcs.txt the Cloud Storage clients of a gs:// workdir (docs/pods.md).
 # The run starts from the repo root (`python3 -m wmrl.main`), so wmrl itself needs no install.
+REQS="-r requirements.txt"
+[[ "$WORKDIR" != gs://* ]] || REQS+=" -r requirements-gcs.txt"
 run "${ON_ALL[@]}" \
-  --command="cd $REMOTE_DIR && python3 -m pip install -q -r requirements.txt 'jax[tpu]>=0.10.2,<0.11'"
+  --command="cd $REMOTE_DIR && python3 -m pip install -q $REQS 'jax[tpu]>=0.10.2,<0.11'"
 
 # 4. The run, on every worker at once.
 MAIN="python3 -m wmrl.main --config=$CONFIG --workdir=$WORKDIR${EXTRA:+ $EXTRA}"

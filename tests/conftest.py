@@ -31,3 +31,51 @@ def pytest_sessionfinish(session, exitstatus):
         import shutil
 
         shutil.rmtree(cache, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fake_gcs_server():
+    """The fake GCS JSON API for TensorStore (tests/fake_gcs.py), one per session: TensorStore
+    reads its endpoint from the environment."""
+    from tests import fake_gcs
+
+    server = fake_gcs.start_server()
+    env = {
+        "TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{server.server_address[1]}",
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token",
+    }
+    os.environ.update(env)
+    yield server
+    server.shutdown()
+    for k in env:
+        os.environ.pop(k, None)
+
+
+@pytest.fixture
+def fake_gcs(fake_gcs_server, monkeypatch):
+    """`gs://` served from a fresh in-memory object store for one test, for epath (fsspec)
+    and Orbax (TensorStore) alike. Yields the store; `store.root` is a fresh bucket's URL
+    (fresh so that no TensorStore cache entry of an earlier test can match)."""
+    import uuid
+
+    import fsspec
+    from etils.epath import backend, gpath
+    from fsspec.registry import _registry
+    from orbax.checkpoint._src.path import gcs_utils
+
+    from tests import fake_gcs
+
+    store = fake_gcs.ObjectStore()
+    store.root = f"gs://wmrl-test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setitem(fake_gcs.CURRENT, "store", store)
+    for protocol in ("gs", "gcs"):
+        fsspec.register_implementation(protocol, fake_gcs.FakeGCSFileSystem, clobber=True)
+    backend.fsspec_backend._get_filesystem.cache_clear()
+    # epath would use TensorFlow's gfile for gs:// if TensorFlow were installed.
+    monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)
+    # Orbax asks google-cloud-storage whether the bucket has a hierarchical namespace.
+    monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda path: False)
+    yield store
+    for protocol in ("gs", "gcs"):
+        _registry.pop(protocol, None)
+    backend.fsspec_backend._get_filesystem.cache_clear()

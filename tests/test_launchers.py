@@ -96,6 +96,7 @@ def test_tpu_vm_dry_run_copy(fake_bin):
     assert cmds[3][5] == f"{cmds[2][-2]}"  # scp copies the tarball that tar wrote
     install, run = (c[-1].removeprefix("--command=") for c in cmds[-2:])
     assert "pip install -q -r requirements.txt" in install and "jax[tpu]" in install
+    assert "-r requirements-gcs.txt" in install  # a gs:// workdir needs the GCS clients
     assert run == (
         "cd wmrl && WMRL_TPU_POD=1 python3 -m wmrl.main --config=configs/bandit.py "
         "--workdir=gs://bucket/run1 --config.num_steps=40"

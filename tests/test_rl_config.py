@@ -8,7 +8,7 @@ import pytest
 from tests.rl_fixtures import load_config, run_main
 from wmrl.config_errors import ConfigError
 from wmrl.rl.config import config_differences, groups_per_step, validate_autoresearch_config
-from wmrl.rl.experiment import check_resumable
+from wmrl.rl.experiment import check_resumable, data_dir
 
 
 def test_default_config_is_valid():
@@ -82,3 +82,23 @@ def test_cli_unknown_mode_writes_nothing(tmp_path):
     assert proc.returncode == 2
     assert "config.mode" in proc.stderr and "fastest" in proc.stderr
     assert not wd.exists()
+
+
+@pytest.mark.parametrize("field", ["data_dir", "suite.dir"])
+def test_remote_data_folders_are_refused(field):
+    c = load_config()
+    node, *parents, leaf = c, *field.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = "gs://bucket/data"
+    with pytest.raises(ConfigError, match=rf"config\.{field}: .* is not a local directory"):
+        validate_autoresearch_config(c)
+
+
+def test_data_stage_stays_local_for_a_remote_workdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("WMRL_CACHE_DIR", str(tmp_path / "cache"))
+    c = load_config()
+    assert data_dir(c, "gs://bucket/runs/x") == tmp_path / "cache/workdirs/gs/bucket/runs/x/data"
+    assert data_dir(c, tmp_path / "run") == tmp_path / "run" / "data"
+    c.data_dir = str(tmp_path / "shared")
+    assert data_dir(c, "gs://bucket/runs/x") == tmp_path / "shared"

@@ -1,14 +1,21 @@
-"""Append-only JSON-lines files that a killed process may have cut mid-line."""
+"""JSON-lines files: local ones appended as records come (a killed process may cut the last
+line), remote ones (object stores) rewritten whole; see `JsonlWriter`."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
+import time
+from collections.abc import Callable
+
+from etils import epath
+
+from wmrl.storage import is_local
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Every complete record of `path` ([] if it does not exist); a torn last line is skipped."""
-    path = Path(path)
+    path = epath.Path(path)
     if not path.exists():
         return []
     out = []
@@ -18,3 +25,105 @@ def read_jsonl(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue  # a line cut by a kill
     return out
+
+
+class JsonlWriter:
+    """Appends records to a JSON-lines file, locally or on an object store.
+
+    Local path: each `write` appends its records and flushes them to the OS (and fsyncs
+    them with `fsync=True`) before returning; a kill may cut the last line, which
+    `read_jsonl` skips.
+
+    Remote URL (`gs://...`): object stores cannot append (an object is written whole) nor
+    fsync, so the writer keeps the file's records in memory (the existing ones are read back
+    first) and `flush` uploads the whole file again. The upload replaces the object
+    atomically: a reader sees the file as of the last flush, never a torn line. Records
+    written since the last flush are lost if the process dies; the caller chooses when to
+    flush (`flush_every_s` also flushes inside `write` once that many seconds have passed).
+    Every flush rewrites the whole file, which is fine for the run logs here (megabytes).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        fsync: bool = False,
+        flush_every_s: float | None = None,
+        create: bool = False,
+    ):
+        self.path = epath.Path(path)
+        self.local = is_local(self.path)
+        self.fsync = fsync
+        self.flush_every_s = flush_every_s
+        self._f = None  # local: the open append handle
+        self._lines: list[str] | None = None  # remote: the file's lines, loaded on first use
+        self._dirty = False
+        self._last_flush = time.monotonic()
+        if create and self.local:
+            self._f = open(self.path, "a")  # noqa: SIM115 - closed in close()
+
+    def _remote_lines(self) -> list[str]:
+        if self._lines is None:
+            self._lines = [json.dumps(r) + "\n" for r in read_jsonl(self.path)]
+        return self._lines
+
+    def write(self, records: list[dict]) -> None:
+        if not records:
+            return
+        if self.local:
+            if self._f is None:
+                self._f = open(self.path, "a")  # noqa: SIM115 - closed in close()
+            for r in records:
+                self._f.write(json.dumps(r) + "\n")
+            self._f.flush()
+            if self.fsync:
+                os.fsync(self._f.fileno())
+            return
+        self._remote_lines().extend(json.dumps(r) + "\n" for r in records)
+        self._dirty = True
+        due = self.flush_every_s is not None
+        if due and time.monotonic() - self._last_flush >= self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Remote: upload the whole file if records were written since the last upload.
+        Local: nothing to do (every write is already flushed)."""
+        self._last_flush = time.monotonic()
+        if self.local or not self._dirty:
+            return
+        self.path.write_text("".join(self._lines))
+        self._dirty = False
+
+    def keep_only(self, keep: Callable[[dict], bool]) -> None:
+        """Rewrite the file with the records that `keep` accepts (a missing file stays
+        missing). Local: through a temporary file and a rename."""
+        if self.local:
+            self._close_handle()
+            if not self.path.exists():
+                return
+            kept = [r for r in read_jsonl(self.path) if keep(r)]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(self.path)
+            return
+        if not self.path.exists():
+            self._lines, self._dirty = [], False
+            return
+        self._lines = [json.dumps(r) + "\n" for r in read_jsonl(self.path) if keep(r)]
+        self._dirty = True
+        self.flush()
+
+    def delete(self) -> None:
+        """Remove the file; later writes start a new one."""
+        self._close_handle()
+        self.path.unlink(missing_ok=True)
+        self._lines, self._dirty = [], False
+
+    def _close_handle(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def close(self) -> None:
+        self.flush()
+        self._close_handle()

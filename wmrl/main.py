@@ -2,7 +2,8 @@
 
 Kept short on purpose: parse flags, validate the config, join a multi-process run when one is
 detected (`wmrl.distributed`), prepare the workdir, hand over to the experiment's library function
-(which Colab can import and call directly).
+(which Colab can import and call directly). The workdir is a local folder or a URL such as
+`gs://BUCKET/PATH` (`wmrl.storage`).
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 from absl import app, flags, logging
+from etils import epath
 from ml_collections import config_flags
 
-from wmrl import distributed
+from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, plots and checkpoints.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory (or gs://BUCKET/PATH) for metrics, plots and checkpoints."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Multi-process: HOST:PORT of process 0 (with the next two)."
@@ -44,7 +47,7 @@ def validate(config) -> None:
         validate_autoresearch_config(config)
 
 
-def check_fresh_workdir(workdir: Path) -> None:
+def check_fresh_workdir(workdir: epath.Path) -> None:
     """Refuse to overwrite a finished run (checked by every process, so all of them stop)."""
     if (workdir / "summary.json").exists():
         raise FileExistsError(
@@ -53,7 +56,7 @@ def check_fresh_workdir(workdir: Path) -> None:
         )
 
 
-def prepare_workdir(workdir: Path, config) -> None:
+def prepare_workdir(workdir: epath.Path, config) -> None:
     """Write the resolved config (process 0 only)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
@@ -71,7 +74,7 @@ def use_all_cpu_cores() -> None:
 def main(argv: list[str]) -> None:
     del argv
     config = _CONFIG.value
-    workdir = Path(_WORKDIR.value)
+    workdir = storage.workdir_path(_WORKDIR.value)
     try:
         validate(config)
         cluster = distributed.detect_cluster(
@@ -79,6 +82,7 @@ def main(argv: list[str]) -> None:
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value,
         )
+        storage.check_backend(workdir, orbax=config.experiment == "autoresearch")
         check_fresh_workdir(workdir)
         if config.experiment == "autoresearch":
             from wmrl.rl.experiment import check_resumable

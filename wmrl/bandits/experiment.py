@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import time
-from pathlib import Path
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
+from etils import epath
 
 from wmrl.bandits.problem import validate_bandit_config
 from wmrl.bandits.train import logged_steps, make_train
@@ -67,8 +68,9 @@ def summarise_variant(out: dict) -> dict:
     }
 
 
-def run_suite(config: ml_collections.ConfigDict, workdir: Path | None = None) -> dict:
-    """Run all `config.variants`; when `workdir` is given, write the run's artefacts there.
+def run_suite(config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None) -> dict:
+    """Run all `config.variants`; when `workdir` is given (a local folder or an epath URL
+    such as gs://BUCKET/PATH), write the run's artefacts there.
 
     Returns the summary dict (also importable from Colab without touching the disk).
     """
@@ -99,6 +101,7 @@ def run_suite(config: ml_collections.ConfigDict, workdir: Path | None = None) ->
         "timings": timings,
     }
     if workdir is not None:
+        workdir = epath.Path(workdir)
         write_metrics(workdir / "metrics.jsonl", steps, results)
         from wmrl.bandits.plots import plot_suite
 
@@ -108,13 +111,12 @@ def run_suite(config: ml_collections.ConfigDict, workdir: Path | None = None) ->
     return summary
 
 
-def write_metrics(path: Path, steps: np.ndarray, results: dict) -> None:
-    """One JSON object per logged step, seed-means per variant."""
-    with open(path, "w") as f:
-        for c, step in enumerate(steps):
-            row = {"step": int(step), "variants": {}}
-            for v, out in results.items():
-                row["variants"][v] = {
-                    k: float(np.mean(curve[c])) for k, curve in out["curves"].items()
-                }
-            f.write(json.dumps(row) + "\n")
+def write_metrics(path: str | os.PathLike, steps: np.ndarray, results: dict) -> None:
+    """One JSON object per logged step, seed-means per variant (written in one go)."""
+    lines = []
+    for c, step in enumerate(steps):
+        row = {"step": int(step), "variants": {}}
+        for v, out in results.items():
+            row["variants"][v] = {k: float(np.mean(curve[c])) for k, curve in out["curves"].items()}
+        lines.append(json.dumps(row) + "\n")
+    epath.Path(path).write_text("".join(lines))

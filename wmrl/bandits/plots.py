@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import matplotlib.pyplot as plt
 import numpy as np
+from etils import epath
+
+from wmrl.storage import save_figure
 
 
 def _band(ax, x, curves, label):
@@ -37,13 +40,15 @@ def suite_figures(steps: np.ndarray, results: dict, threshold: float) -> dict[st
     return figs
 
 
-def plot_suite(out_dir: Path, steps: np.ndarray, results: dict, threshold: float) -> list[Path]:
-    """Write `suboptimality_vs_steps.png` and `suboptimality_vs_cost.png`; return the paths."""
+def plot_suite(
+    out_dir: str | os.PathLike, steps: np.ndarray, results: dict, threshold: float
+) -> list[epath.Path]:
+    """Write `suboptimality_vs_steps.png` and `suboptimality_vs_cost.png` (into a local
+    folder or an epath URL); return the paths."""
+    out_dir = epath.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, fig in suite_figures(steps, results, threshold).items():
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110)
+        paths.append(save_figure(fig, out_dir / f"{name}.png", dpi=110))
         plt.close(fig)
-        paths.append(path)
     return paths

@@ -9,23 +9,27 @@ One checkpoint (a step directory of `<workdir>/checkpoints`) holds, as one Orbax
   evaluation history, and the data iterator's position (tasks of step s are a pure
   function of `(seed, s)`, so the position is the step).
 
-Orbax writes a step to a temporary directory and renames it when complete, so a kill
-mid-save leaves no half checkpoint that looks finished. A checkpoint that still fails to
-restore (disk corruption, a truncated file) is reported, moved to `checkpoints_corrupt/`
-(kept, not deleted) and the previous one is used.
+Orbax writes a step to a temporary directory and renames it when complete (on Cloud Storage,
+which has no atomic rename, it writes the step in place and marks it complete with a commit
+file last), so a kill mid-save leaves no half checkpoint that looks finished. A checkpoint
+that still fails to restore (disk corruption, a truncated file) is reported, moved to
+`checkpoints_corrupt/` (kept, not deleted) and the previous one is used.
+
+The workdir may be a local folder or an epath URL such as gs://BUCKET/PATH (`wmrl.storage`).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
+from wmrl import storage
 from wmrl.core.state import CorrectionState
 from wmrl.rl.models import abstract_like
 from wmrl.rl.trainer import Replay, RunState
@@ -56,8 +60,8 @@ def _meta(st: RunState, seed: int) -> dict:
 
 
 class Checkpointer:
-    def __init__(self, workdir: Path, keep: int):
-        self.directory = (workdir / "checkpoints").absolute()
+    def __init__(self, workdir: str | os.PathLike, keep: int):
+        self.directory = storage.absolute(epath.Path(workdir) / "checkpoints")
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
@@ -112,12 +116,11 @@ class Checkpointer:
             )
         return None
 
-    def _quarantine(self, step: int) -> Path:
+    def _quarantine(self, step: int) -> epath.Path:
         """Move a checkpoint that failed to restore out of the manager's directory (kept for
         inspection, never deleted), so the redone step can be saved again."""
         dest = self.directory.parent / "checkpoints_corrupt" / f"{step}-{int(time.time())}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(self.directory / str(step)), dest)
+        storage.move_tree(self.directory / str(step), dest)
         self.manager.reload()
         return dest
 

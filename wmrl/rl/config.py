@@ -11,6 +11,7 @@ import json
 import warnings
 from pathlib import Path
 
+from wmrl import storage
 from wmrl.config_errors import ConfigError
 from wmrl.core.debias import DebiasConfig
 from wmrl.core.denoise import DenoiseConfig
@@ -103,6 +104,8 @@ def validate_autoresearch_config(config) -> None:
         )
     if config.rl.eval_samples < 1:
         raise ConfigError("config.rl.eval_samples", "must be >= 1")
+    storage.require_local(config.get("data_dir", ""), "data_dir")
+    storage.require_local(config.suite.dir, "suite.dir")
     if config.suite.dir:
         if not (Path(config.suite.dir) / "suite.json").exists():
             raise ConfigError(

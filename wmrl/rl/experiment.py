@@ -14,6 +14,13 @@ Files in the workdir:
     init/, data/    warm-start and WM-pretraining checkpoints, the data stage (unless
                     config.init_dir / config.data_dir point elsewhere)
 
+The workdir may be a URL such as gs://BUCKET/PATH (`wmrl.storage`): everything above is then
+written there, except the data stage, whose sandboxed subprocesses need local files: it goes
+to `config.data_dir` (which must be local) or else to a local cache folder
+(`wmrl.storage.local_cache_dir`). On an object store, metrics.jsonl and pairs.jsonl are
+uploaded whole before every checkpoint (and at the end), the journal at the end of every RL
+step (see `wmrl.jsonl.JsonlWriter` and `wmrl.rl.trainer.AnchorJournal`).
+
 Wall-clock (`wall_time_s`) counts RL steps only (generation, execution, WM scoring,
 training); held-out evaluations, checkpoint writes and the one-time XLA compilation of the
 step (done before the clock starts, reported as `compile_s` in summary.json) are excluded,
@@ -26,14 +33,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
 import jax
+from etils import epath
 from tqdm import tqdm
 
+from wmrl import storage
 from wmrl.config_errors import ConfigError
-from wmrl.jsonl import read_jsonl
+from wmrl.jsonl import JsonlWriter, read_jsonl
 from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
 from wmrl.rl import models, stages
@@ -53,16 +63,24 @@ def quiet_orbax() -> None:
         logger.addFilter(_QuietOrbax())
 
 
-def data_dir(config, workdir: Path) -> Path:
-    return Path(config.data_dir) if config.data_dir else workdir / "data"
+def data_dir(config, workdir: str | os.PathLike) -> Path:
+    """The data stage's folder, always local: `config.data_dir`, else `<workdir>/data`, else
+    (remote workdir) `<local cache>/data` (see `wmrl.storage.local_cache_dir`)."""
+    if config.data_dir:
+        storage.require_local(config.data_dir, "data_dir")
+        return Path(config.data_dir)
+    if storage.is_local(workdir):
+        return Path(workdir) / "data"
+    return storage.local_cache_dir(workdir) / "data"
 
 
-def init_dir(config, workdir: Path) -> Path:
-    return Path(config.init_dir) if config.init_dir else workdir / "init"
+def init_dir(config, workdir: str | os.PathLike) -> epath.Path:
+    return epath.Path(config.init_dir) if config.init_dir else epath.Path(workdir) / "init"
 
 
-def check_resumable(config, workdir: Path) -> None:
+def check_resumable(config, workdir: str | os.PathLike) -> None:
     """A workdir that holds a run with a different config is refused, naming the fields."""
+    workdir = epath.Path(workdir)
     saved = workdir / "config.json"
     if not saved.exists():
         return
@@ -75,42 +93,59 @@ def check_resumable(config, workdir: Path) -> None:
         )
 
 
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the records of steps <= last_step (those the restored checkpoint contains)."""
-    keep = [r for r in read_jsonl(path) if r.get("step", 0) <= last_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    tmp.replace(path)
-
-
 class _Log:
-    """metrics.jsonl / pairs.jsonl / TensorBoard, written by the output owner only."""
+    """metrics.jsonl / pairs.jsonl / TensorBoard, written by the output owner only.
 
-    def __init__(self, workdir: Path, enabled: bool):
+    Local workdir: records are appended (and TensorBoard flushed) as they come. Remote
+    workdir: they are uploaded by `flush`, which `run` calls before every checkpoint, so a
+    restored checkpoint never has steps whose records were lost (records past it are cut on
+    resume, as locally).
+    """
+
+    NAMES = ("metrics.jsonl", "pairs.jsonl")
+
+    def __init__(self, workdir: epath.Path, enabled: bool):
         self.enabled = enabled
-        self.workdir = workdir
-        self.tb = None
-        if enabled:
-            from tensorboardX import SummaryWriter
+        self.local = storage.is_local(workdir)
+        self.files = {name: JsonlWriter(workdir / name) for name in self.NAMES}
+        self.tb = storage.tensorboard_writer(workdir / "tb") if enabled else None
 
-            self.tb = SummaryWriter(str(workdir / "tb"))
+    def restart_at(self, step: int | None) -> None:
+        """Keep the records of steps <= step (those a restored checkpoint contains), or
+        none (step None: a fresh run)."""
+        if not self.enabled:
+            return
+        for f in self.files.values():
+            if step is None:
+                f.delete()
+            else:
+                f.keep_only(lambda r: r.get("step", 0) <= step)
 
     def write(self, name: str, records: list[dict]) -> None:
         if not self.enabled or not records:
             return
-        with open(self.workdir / name, "a") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+        self.files[name].write(records)
         if name == "metrics.jsonl" and self.tb is not None:
             for r in records:
                 for k, v in r.items():
                     if isinstance(v, int | float) and not isinstance(v, bool) and k != "step":
                         self.tb.add_scalar(f"{r['kind']}/{k}", v, r["step"])
-            self.tb.flush()
+            if self.local:
+                self.tb.flush()
+
+    def flush(self) -> None:
+        if not self.enabled:
+            return
+        for f in self.files.values():
+            f.flush()
+        self.tb.flush()
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        if not self.enabled:
+            return
+        for f in self.files.values():
+            f.close()
+        self.tb.close()
 
 
 @dataclasses.dataclass
@@ -127,11 +162,10 @@ class Stages:
     seconds: float
 
 
-def prepare_stages(config, workdir: str | Path, progress: bool = True) -> Stages:
+def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) -> Stages:
     """Data stage, warm start and WM pretraining (each loaded if already done): everything
     RL starts from. The speedup benchmark calls this once for all modes."""
     t0 = time.monotonic()
-    workdir = Path(workdir)
     prepared = rldata.prepare_data(config, data_dir(config, workdir), progress=progress)
     vocab = prepared.tokenizer.vocab_size
     mesh = models.make_rl_mesh(config)
@@ -152,13 +186,15 @@ def prepare_stages(config, workdir: str | Path, progress: bool = True) -> Stages
     )  # fmt: skip
 
 
-def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool = True) -> dict:
+def run(
+    config, workdir: str | os.PathLike, write_outputs: bool = True, progress: bool = True
+) -> dict:
     """Run (or resume) the whole pipeline; returns the summary."""
     from wmrl.envs.autoresearch.pool import SandboxPool
     from wmrl.rl.checkpoint import Checkpointer
     from wmrl.rl.trainer import Trainer
 
-    workdir = Path(workdir)
+    workdir = epath.Path(workdir)
     quiet_orbax()
     rlconfig.validate_autoresearch_config(config)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -175,17 +211,14 @@ def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool 
         if restored is not None:
             st = restored
             print(f"resuming from the checkpoint of step {st.step}", flush=True)
-            if write_outputs:
-                for name in ("metrics.jsonl", "pairs.jsonl"):
-                    if (workdir / name).exists():
-                        _truncate_jsonl(workdir / name, st.step)
-        elif write_outputs:
-            for name in ("metrics.jsonl", "pairs.jsonl"):
-                (workdir / name).unlink(missing_ok=True)
+            log.restart_at(st.step)
+        else:
+            log.restart_at(None)
         if not st.evals:  # the warm-start policy's held-out reward, step 0
             ev = trainer.evaluate(st)
             st.evals.append(ev)
             log.write("metrics.jsonl", [{"kind": "eval", **ev}])
+            log.flush()  # before the checkpoint: records never lag behind it
             ckpt.save(st, trainer.key, config.seed)
         steps, budget = config.rl.steps, config.rl.get("max_wall_time_s", 0.0)
         compile_s = 0.0
@@ -197,6 +230,7 @@ def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool 
         bar = tqdm(total=steps, initial=st.step, desc=f"RL ({config.mode})", disable=not progress)
         while st.step < steps and not out_of_time():
             st, metrics, pairs = trainer.run_step(st)
+            trainer.journal.flush()  # remote workdir: the step's executions, uploaded
             log.write("metrics.jsonl", [{"kind": "step", **metrics}])
             log.write("pairs.jsonl", pairs)
             last = st.step == steps or out_of_time()
@@ -205,6 +239,7 @@ def run(config, workdir: str | Path, write_outputs: bool = True, progress: bool 
                 st.evals.append(ev)
                 log.write("metrics.jsonl", [{"kind": "eval", **ev}])
             if st.step % config.rl.checkpoint_every == 0 or last:
+                log.flush()
                 ckpt.save(st, trainer.key, config.seed)
             bar.update(1)
             bar.set_postfix(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from etils import epath
+
+from wmrl.storage import save_figure
 
 
 def reliability(
@@ -27,9 +30,14 @@ def reliability(
 
 
 def plot_run(
-    workdir: Path, steps: list[dict], evals: list[dict], pairs: list[dict], target: float
+    workdir: str | os.PathLike,
+    steps: list[dict],
+    evals: list[dict],
+    pairs: list[dict],
+    target: float,
 ) -> None:
-    out = workdir / "plots"
+    """Write the three plots into `<workdir>/plots` (a local folder or an epath URL)."""
+    out = epath.Path(workdir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -45,7 +53,7 @@ def plot_run(
     ax.set_ylabel("mean held-out reward")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "heldout_reward.png", dpi=120)
+    save_figure(fig, out / "heldout_reward.png", dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 5))
@@ -62,7 +70,7 @@ def plot_run(
     ax.set_title("WM calibration on anchor trajectories")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "wm_calibration.png", dpi=120)
+    save_figure(fig, out / "wm_calibration.png", dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -72,5 +80,5 @@ def plot_run(
     ax.set_xlabel("RL step")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "corrections.png", dpi=120)
+    save_figure(fig, out / "corrections.png", dpi=120)
     plt.close(fig)

@@ -3,19 +3,20 @@
 A stage writes its parameters with Orbax under `<init_dir>/<stage>/params` and then, last,
 `<init_dir>/<stage>/done.json` with its report; a stage whose `done.json` exists is loaded
 instead of retrained, so an interrupted pipeline redoes at most the stage it was in.
+`init_dir` may be a local folder or an epath URL such as gs://BUCKET/PATH.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from tqdm import tqdm
 
+from wmrl import storage
 from wmrl.config_errors import ConfigError
 from wmrl.models.world_model import interval_ece, spearman
 from wmrl.rl import data as rldata
@@ -40,10 +41,10 @@ def _fingerprint(config, stage: str) -> dict:
     return out
 
 
-def _done(stage_dir: Path, config) -> dict | None:
+def _done(stage_dir: epath.Path, config) -> dict | None:
     """The stage's report if it completed with this config; a stage made with another config
     is an error naming the fields (loading it would fail on shapes, or silently differ)."""
-    path = stage_dir / "done.json"
+    path = epath.Path(stage_dir) / "done.json"
     if not path.exists():
         return None
     report = json.loads(path.read_text())
@@ -58,21 +59,23 @@ def _done(stage_dir: Path, config) -> dict | None:
     return report
 
 
-def save_params(stage_dir: Path, params, report: dict, config) -> None:
+def save_params(stage_dir: epath.Path, params, report: dict, config) -> None:
+    stage_dir = epath.Path(stage_dir)
     if stage_dir.exists():
-        shutil.rmtree(stage_dir)  # a half-written earlier attempt
-    stage_dir.mkdir(parents=True)
+        stage_dir.rmtree()  # a half-written earlier attempt
+    stage_dir.mkdir(parents=True, exist_ok=True)
     ckpt = ocp.StandardCheckpointer()
-    ckpt.save((stage_dir / "params").absolute(), params)
+    ckpt.save(storage.absolute(stage_dir / "params"), params)
     ckpt.wait_until_finished()
     report = {**report, "config": _fingerprint(config, stage_dir.name)}
     (stage_dir / "done.json").write_text(json.dumps(report, indent=2))
 
 
-def load_params(stage_dir: Path, like):
+def load_params(stage_dir: epath.Path, like):
     """Restore params into the shardings of `like` (an abstract or concrete params tree)."""
     target = models.abstract_like(like)
-    return ocp.StandardCheckpointer().restore((stage_dir / "params").absolute(), target)
+    params_dir = storage.absolute(epath.Path(stage_dir) / "params")
+    return ocp.StandardCheckpointer().restore(params_dir, target)
 
 
 def sft_rows(config, prepared: rldata.Prepared) -> dict:
@@ -91,7 +94,7 @@ def sft_rows(config, prepared: rldata.Prepared) -> dict:
     return {k: v[keep] for k, v in rows.items() if k != "fits"}
 
 
-def warm_start(config, prepared, policy: models.Model, stage_dir: Path, progress=True):
+def warm_start(config, prepared, policy: models.Model, stage_dir: epath.Path, progress=True):
     """SFT the policy on the corpus; returns (policy params, report)."""
     report = _done(stage_dir, config)
     if report is not None:
@@ -157,7 +160,7 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64) -> dict:
     }
 
 
-def pretrain_wm(config, prepared, wm: models.Model, stage_dir: Path, progress=True):
+def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progress=True):
     """Fit the WM on the executed corpus of the training tasks; report held-out calibration."""
     report = _done(stage_dir, config)
     if report is not None:

@@ -25,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import math
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,7 +40,7 @@ from wmrl.core.grpo import apply_anchor_weight, group_advantages
 from wmrl.core.routing import route_anchors
 from wmrl.core.state import CorrectionState, init_correction_state
 from wmrl.envs.autoresearch.grader import Status
-from wmrl.jsonl import read_jsonl
+from wmrl.jsonl import JsonlWriter, read_jsonl
 from wmrl.models.sampler import SamplingConfig, generate
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
 from wmrl.models.world_model import spearman
@@ -123,14 +121,21 @@ def _sha(text: str) -> str:
 class AnchorJournal:
     """Append-only record of completed real executions, keyed by (step, row, script hash).
 
-    Written (flushed, fsynced) as each execution completes; read back on resume so a step
-    that is redone after preemption reuses what it already executed.
+    Read back on resume so a step that is redone after preemption reuses what it already
+    executed. In a local workdir each record is written, flushed and fsynced as its execution
+    completes. On an object store (gs://...: no append, no fsync) the records are uploaded
+    (the whole file, `wmrl.jsonl.JsonlWriter`) by `flush`, which the RL loop calls at the end
+    of every step, and by `record` once FLUSH_EVERY_S have passed since the last upload: a
+    preemption loses only records of the step in progress written since the last upload,
+    and the redone step executes those scripts again.
     """
+
+    FLUSH_EVERY_S = 30.0
 
     def __init__(self, path: Path):
         self.path = path
         self.done = {(rec["step"], rec["row"]): rec for rec in read_jsonl(path)}
-        self._f = open(path, "a")  # noqa: SIM115 - kept open for the run, closed in close()
+        self._w = JsonlWriter(path, fsync=True, flush_every_s=self.FLUSH_EVERY_S, create=True)
 
     def lookup(self, step: int, row: int, script: str) -> dict | None:
         rec = self.done.get((step, row))
@@ -141,14 +146,15 @@ class AnchorJournal:
             reward = None
         rec = {"step": step, "row": row, "sha": _sha(script), "task_id": task_id,
                "status": int(status), "reward": reward}  # fmt: skip
-        self._f.write(json.dumps(rec) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._w.write([rec])
         self.done[(step, row)] = rec
         return rec
 
+    def flush(self) -> None:
+        self._w.flush()
+
     def close(self) -> None:
-        self._f.close()
+        self._w.close()
 
 
 def correct_rewards(
