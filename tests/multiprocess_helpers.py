@@ -9,11 +9,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_local_processes(worker: str, args: list[str], num_processes: int, devices: int):
+def run_local_processes(
+    worker: str, args: list[str], num_processes: int, devices: int, timeout: float = 240
+):
     """Start `num_processes` copies of a worker script joined over localhost; return outputs.
 
     Each gets `COORDINATOR NUM_PROCESSES PROCESS_ID *args` and `devices` CPU devices; a hang
-    fails after 240 s instead of blocking the suite.
+    fails after `timeout` seconds instead of blocking the suite.
     """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -45,7 +47,7 @@ def run_local_processes(worker: str, args: list[str], num_processes: int, device
     outputs = []
     try:
         for p in procs:
-            outputs.append(p.communicate(timeout=240)[0])
+            outputs.append(p.communicate(timeout=timeout)[0])
     finally:
         for p in procs:
             p.kill()

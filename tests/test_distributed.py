@@ -219,6 +219,19 @@ def test_allgather_single_process_is_plain_conversion():
     assert out["b"] == 2.5
 
 
+def test_host_side_helpers_in_one_process():
+    """Nothing to exchange in a single process: the helpers return their inputs."""
+    np.testing.assert_array_equal(distributed.round_robin_owners(5, 2), [0, 1, 0, 1, 0])
+    np.testing.assert_array_equal(distributed.round_robin_owners(3), [0, 0, 0])
+    local = {"r": np.array([0.5, 1.5])}
+    assert distributed.merge_from_owners(local, np.zeros(2, int)) == local
+    assert distributed.allgather_host(np.float64(2.5)).shape == (1,)
+    assert distributed.all_processes(True) and not distributed.all_processes(False)
+    batch = {"x": np.ones(4)}
+    assert distributed.host_to_global(batch, {"x": None}) is batch
+    distributed.barrier("nothing to wait for")
+
+
 def test_two_cpu_processes_on_localhost():
     """Real `jax.distributed` over gloo: 2 processes x 2 CPU devices, one global array."""
     runs = run_local_processes("multiprocess_worker.py", [], 2, devices=2)
@@ -237,6 +250,12 @@ def test_two_cpu_processes_on_localhost():
         assert r["main"] is (pid == 0)
         assert r["gathered"] == expected
         assert r["total"] == sum(k * k for k in range(24))
+        # Items 0, 2, 4 from process 0 and 1, 3 from process 1, float64 bits intact.
+        assert r["merged"] == [k + 0.1 * (k % 2 + 1) + 1e-12 for k in range(5)]
+        assert r["agree"] == [True, False]
+        assert r["scalars"] == [10, 11]
+        assert r["fed_rows"] == [4 * pid, 4 * pid + 2]  # only this process's rows
+        assert r["fed_total"] == r["total"]
 
 
 def test_main_rejects_partial_multiprocess_flags(tmp_path):

@@ -18,11 +18,12 @@ Sources, in order of precedence:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -279,17 +280,125 @@ def process_allgather_to_numpy(x: Any) -> Any:
     """A pytree of arrays as host numpy arrays holding the global values, on every process.
 
     Arrays that are not fully addressable (sharded across processes) are gathered collectively,
-    so every process must call this with the same structure; anything else converts locally.
+    so every process must call this with the same structure; a fully replicated one is read
+    from a local replica (no collective), anything else converts locally.
     """
     import jax
     from jax.experimental import multihost_utils
 
     def gather(a: Any) -> np.ndarray:
         if isinstance(a, jax.Array) and not a.is_fully_addressable:
+            if a.is_fully_replicated:
+                return np.asarray(a.addressable_data(0))
             return np.asarray(multihost_utils.process_allgather(a, tiled=True))
         return np.asarray(a)
 
     return jax.tree.map(gather, x)
+
+
+def host_to_global(tree: Any, shardings: Any) -> Any:
+    """Host arrays that every process holds in full, as global arrays in `shardings`.
+
+    With several processes, jit refuses numpy arguments whose sharding is not replicated: each
+    array is built with `jax.make_array_from_callback`, so every process transfers only the
+    rows its own devices hold (its shard of the global batch). jax.Arrays pass through (global
+    ones are already placed; an uncommitted local one is placed by jit like a host value).
+    Single process: unchanged, jit places numpy arguments itself.
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return tree
+
+    def one(x: Any, sharding: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return x
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def allgather_host(x: Any) -> np.ndarray:
+    """Every process's host array `x`, stacked: `[process_count, *x.shape]`, on every process.
+
+    A collective: every process calls it with the same shape and dtype. The bytes are sent,
+    so values arrive bit-exact whatever the dtype (JAX without x64 would round float64).
+    """
+    import jax
+
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x[None]
+    if x.size == 0:
+        return np.zeros((jax.process_count(), *x.shape), x.dtype)
+    from jax.experimental import multihost_utils
+
+    raw = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+    raw = np.asarray(multihost_utils.process_allgather(raw))
+    return raw.view(x.dtype).reshape(jax.process_count(), *x.shape)
+
+
+def round_robin_owners(n_items: int, process_count: int | None = None) -> np.ndarray:
+    """The process that handles each of `n_items` host-side jobs: item k goes to process
+    k % process_count, so any number of items (even fewer than processes) spreads evenly."""
+    if process_count is None:
+        import jax
+
+        process_count = jax.process_count()
+    return np.arange(n_items) % process_count
+
+
+def merge_from_owners(local: dict[str, np.ndarray], owner: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-item results that each process filled in only for the items it owns (`owner[i]`
+    is item i's process), merged: the same arrays on every process (a collective)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return dict(local)
+    items = np.arange(len(owner))
+    return {k: allgather_host(v)[owner, items] for k, v in local.items()}
+
+
+def all_processes(flag: bool) -> bool:
+    """Whether `flag` holds on every process (a collective): decisions that change control
+    flow (fall back to an older checkpoint) must be the same everywhere."""
+    return bool(allgather_host(np.bool_(flag)).all())
+
+
+_barriers = itertools.count()
+
+
+def barrier(name: str, timeout_s: int = 600) -> None:
+    """Wait until every process gets here (a no-op in a single process).
+
+    Waits on the coordination service, not on a device collective, so a long wait (one process
+    building the data stage) honours `timeout_s` instead of a collective library's own
+    timeout. Every process passes the same barriers in the same order.
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    from orbax.checkpoint import multihost
+
+    key = f"wmrl:{name}:{next(_barriers)}"  # coordination-service barrier keys must be unique
+    multihost.get_barrier_sync_fn()(key=key, timeout_ms=timeout_s * 1000)
+
+
+@contextlib.contextmanager
+def main_process_first(name: str, timeout_s: int) -> Iterator[None]:
+    """Run the body on process 0 first, then on the others: for a stage that fills a folder
+    the processes may share, so they find its results instead of racing to write them (a
+    host-local folder is simply built again, after process 0's)."""
+    import jax
+
+    first = jax.process_index() == 0
+    if not first:
+        barrier(name, timeout_s)
+    yield
+    if first:
+        barrier(name, timeout_s)
 
 
 def shard_for_process(

@@ -25,6 +25,7 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from wmrl.core.grpo import token_policy_loss
+from wmrl.distributed import host_to_global
 from wmrl.models.sharding import batch_sharding, constrain, param_shardings
 from wmrl.models.transformer import (
     Transformer,
@@ -181,6 +182,7 @@ def make_train_step(
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, Metrics]:
         _check_batch(batch, M)
+        batch = host_to_global(batch, b_shard)  # several processes: each feeds its rows
         with jax.set_mesh(mesh):
             return jitted(state, batch)
 
@@ -249,6 +251,7 @@ def make_logprobs_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
     jitted = jax.jit(fn, in_shardings=(shardings.params, data, data), out_shardings=data)
 
     def logprobs(params, tokens, input_mask):
+        tokens, input_mask = host_to_global((tokens, input_mask), (data, data))
         with jax.set_mesh(mesh):
             return jitted(params, tokens, input_mask)
 
@@ -267,6 +270,7 @@ def make_wm_score_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
     jitted = jax.jit(fn, in_shardings=(shardings.params, data, data))
 
     def score(params, tokens, input_mask):
+        tokens, input_mask = host_to_global((tokens, input_mask), (data, data))
         with jax.set_mesh(mesh):
             return jitted(params, tokens, input_mask)
 

@@ -16,6 +16,11 @@ that still fails to restore (disk corruption, a truncated file) is reported, mov
 `checkpoints_corrupt/` (kept, not deleted) and the previous one is used.
 
 The workdir may be a local folder or an epath URL such as gs://BUCKET/PATH (`wmrl.storage`).
+
+With several JAX processes every process saves and restores together (Orbax is collective):
+each writes the shards of the sharded arrays its devices hold, and process 0 alone writes
+the numpy items (replay buffer, correction state, RNG key) and the JSON meta, which are
+identical on every process. A restore that fails on any process falls back on all of them.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from wmrl import storage
+from wmrl import distributed, storage
 from wmrl.core.state import CorrectionState
 from wmrl.rl.models import abstract_like
 from wmrl.rl.trainer import Replay, RunState
@@ -38,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 def _tree(st: RunState, key) -> dict:
-    return {
+    tree = {
         "policy": st.policy,
         "ref_params": st.ref_params,
         "wm": st.wm,
@@ -46,6 +51,12 @@ def _tree(st: RunState, key) -> dict:
         "replay": st.replay.to_tree(),
         "rng": jax.random.key_data(key),
     }
+    if jax.process_count() > 1:
+        # Orbax refuses a process-local jax.Array with several processes: the correction
+        # state and the key (computed identically on every process) are saved as numpy.
+        local = lambda x: isinstance(x, jax.Array) and x.is_fully_addressable
+        tree = jax.tree.map(lambda x: np.asarray(x) if local(x) else x, tree)
+    return tree
 
 
 def _meta(st: RunState, seed: int) -> dict:
@@ -84,6 +95,7 @@ class Checkpointer:
         template = _tree(like, key)
         abstract = abstract_like(template)
         for step in sorted(self.manager.all_steps(), reverse=True):
+            error = None
             try:
                 out = self.manager.restore(
                     step,
@@ -92,11 +104,17 @@ class Checkpointer:
                     ),
                 )
             except Exception as e:  # any failure means: use the previous one
+                error = e
+            if not distributed.all_processes(error is None):  # on every process alike
                 kept = self._quarantine(step)
+                reason = (
+                    f"{type(error).__name__}: {str(error)[:300]}"
+                    if error is not None
+                    else "it failed on another process"
+                )
                 msg = (
                     f"checkpoint {self.directory / str(step)} could not be restored "
-                    f"({type(e).__name__}: {str(e)[:300]}); falling back to the previous one "
-                    f"(the bad one is kept in {kept})"
+                    f"({reason}); falling back to the previous one (the bad one is kept in {kept})"
                 )
                 log.warning(msg)
                 print(f"warning: {msg}", flush=True)
@@ -118,19 +136,28 @@ class Checkpointer:
 
     def _quarantine(self, step: int) -> epath.Path:
         """Move a checkpoint that failed to restore out of the manager's directory (kept for
-        inspection, never deleted), so the redone step can be saved again."""
-        dest = self.directory.parent / "checkpoints_corrupt" / f"{step}-{int(time.time())}"
-        storage.move_tree(self.directory / str(step), dest)
+        inspection, never deleted), so the redone step can be saved again. Process 0 moves
+        it (the name is process 0's clock); the others wait for the move."""
+        stamp = int(distributed.allgather_host(np.int64(time.time()))[0])
+        dest = self.directory.parent / "checkpoints_corrupt" / f"{step}-{stamp}"
+        if distributed.is_main_process():
+            storage.move_tree(self.directory / str(step), dest)
+        distributed.barrier("checkpoint quarantined")
         self.manager.reload()
         return dest
 
     def read_raw(self, step: int | None = None) -> tuple[dict, dict]:
         """(state tree as saved, meta) of a step (default: the latest), without a template:
-        for inspecting a run (tests, notebooks), not for resuming it."""
+        for inspecting a run (tests, notebooks), not for resuming it. Arrays saved on devices
+        this process does not have (another process layout) come back on its first device."""
         step = self.manager.latest_step() if step is None else step
+        here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         out = self.manager.restore(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(fallback_sharding=here),
+                meta=ocp.args.JsonRestore(),
+            ),
         )
         return out["state"], out["meta"]
 

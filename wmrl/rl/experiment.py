@@ -6,7 +6,8 @@ evaluations -> summary and plots. Importable from a notebook (`colabs/ablations.
 Files in the workdir:
     metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval")
     pairs.jsonl     the anchor pairs (raw WM score, calibrated score, real reward) per step
-    anchors.jsonl   journal of every real anchor execution (survives preemption)
+    anchors.jsonl   journal of every real anchor execution (survives preemption); with
+                    several processes one per process, anchors.p{index}.jsonl
     summary.json    final results (its presence marks the run finished)
     checkpoints/    Orbax CheckpointManager steps
     tb/             TensorBoard event files
@@ -26,6 +27,11 @@ training); held-out evaluations, checkpoint writes and the one-time XLA compilat
 step (done before the clock starts, reported as `compile_s` in summary.json) are excluded,
 identically in every mode, and time lost to a preemption after the last checkpoint is not
 counted twice.
+
+Several JAX processes (`wmrl.main` on a pod) run `run` together on the same global batch:
+each runs its own sandbox pool and journal (`wmrl.rl.trainer`), checkpoints are saved and
+restored by all of them (Orbax), and only the process with `write_outputs` writes
+metrics.jsonl, pairs.jsonl, tb/, plots/ and summary.json.
 """
 
 from __future__ import annotations
@@ -41,13 +47,16 @@ import jax
 from etils import epath
 from tqdm import tqdm
 
-from wmrl import storage
+from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
 from wmrl.jsonl import JsonlWriter, read_jsonl
 from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
 from wmrl.rl import models, stages
 from wmrl.rl.plots import plot_run
+
+# How long the other processes wait for process 0's data stage (it executes the corpus).
+DATA_STAGE_TIMEOUT_S = 6 * 3600
 
 
 class _QuietOrbax(logging.Filter):
@@ -166,7 +175,8 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
     """Data stage, warm start and WM pretraining (each loaded if already done): everything
     RL starts from. The speedup benchmark calls this once for all modes."""
     t0 = time.monotonic()
-    prepared = rldata.prepare_data(config, data_dir(config, workdir), progress=progress)
+    with distributed.main_process_first("data stage", timeout_s=DATA_STAGE_TIMEOUT_S):
+        prepared = rldata.prepare_data(config, data_dir(config, workdir), progress=progress)
     vocab = prepared.tokenizer.vocab_size
     mesh = models.make_rl_mesh(config)
     policy = models.build_policy(

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from wmrl.config_errors import ConfigError
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.models.config import named_config
 from wmrl.models.sharding import make_mesh
@@ -66,9 +67,22 @@ def wm_config(config, vocab_size: int) -> WorldModelConfig:
 
 
 def make_rl_mesh(config):
-    shape = tuple(config.get("mesh_shape", (1,)))
+    """The policy's and WM's mesh: `config.mesh_shape` (default one device).
+
+    With several processes the mesh must hold every process's devices (a process without a
+    device in it could not take part in the jitted steps): the default is then all devices,
+    data-parallel, and an explicit shape must cover them all.
+    """
+    multi = jax.process_count() > 1
+    shape = tuple(config.get("mesh_shape", (-1,) if multi else (1,)))
     devices = jax.devices()
     if -1 not in shape:
+        if multi and math.prod(shape) != len(devices):
+            raise ConfigError(
+                "config.mesh_shape",
+                f"{shape} uses {math.prod(shape)} devices, but a run of {jax.process_count()} "
+                f"processes needs a mesh over all {len(devices)} (use -1 for the rest)",
+            )
         devices = devices[: math.prod(shape)]
     return make_mesh(shape, devices)
 

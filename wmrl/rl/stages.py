@@ -4,6 +4,9 @@ A stage writes its parameters with Orbax under `<init_dir>/<stage>/params` and t
 `<init_dir>/<stage>/done.json` with its report; a stage whose `done.json` exists is loaded
 instead of retrained, so an interrupted pipeline redoes at most the stage it was in.
 `init_dir` may be a local folder or an epath URL such as gs://BUCKET/PATH.
+
+With several JAX processes every process trains and saves together (Orbax is collective);
+process 0 alone clears the stage folder and writes `done.json`, between barriers.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from tqdm import tqdm
 
-from wmrl import storage
+from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
 from wmrl.models.world_model import interval_ece, spearman
 from wmrl.rl import data as rldata
@@ -61,14 +64,19 @@ def _done(stage_dir: epath.Path, config) -> dict | None:
 
 def save_params(stage_dir: epath.Path, params, report: dict, config) -> None:
     stage_dir = epath.Path(stage_dir)
-    if stage_dir.exists():
-        stage_dir.rmtree()  # a half-written earlier attempt
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    main = distributed.is_main_process()
+    if main:
+        if stage_dir.exists():
+            stage_dir.rmtree()  # a half-written earlier attempt
+        stage_dir.mkdir(parents=True, exist_ok=True)
+    distributed.barrier(f"{stage_dir.name} cleared")
     ckpt = ocp.StandardCheckpointer()
     ckpt.save(storage.absolute(stage_dir / "params"), params)
     ckpt.wait_until_finished()
-    report = {**report, "config": _fingerprint(config, stage_dir.name)}
-    (stage_dir / "done.json").write_text(json.dumps(report, indent=2))
+    if main:
+        report = {**report, "config": _fingerprint(config, stage_dir.name)}
+        (stage_dir / "done.json").write_text(json.dumps(report, indent=2))
+    distributed.barrier(f"{stage_dir.name} done")
 
 
 def load_params(stage_dir: epath.Path, like):
@@ -147,8 +155,11 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64) -> dict:
         pad = batch - len(idx)
         sel = np.concatenate([idx, np.repeat(idx[-1:], pad)])
         out = score_fn(params, rows["tokens"][sel], rows["input_mask"][sel])
-        scores.append(np.asarray(out["score"])[: len(idx)])
-        pvar.append(np.asarray(out["predictive_var"])[: len(idx)])
+        out = distributed.process_allgather_to_numpy(
+            {k: out[k] for k in ("score", "predictive_var")}
+        )
+        scores.append(out["score"][: len(idx)])
+        pvar.append(out["predictive_var"][: len(idx)])
     s, v, y = np.concatenate(scores), np.concatenate(pvar), rows["target"][keep]
     return {
         "n": len(keep),

@@ -18,6 +18,13 @@ One step (DESIGN.md section 3), for B training tasks x G scripts:
 Everything a resumed run needs is in the checkpoint (`checkpoint.py`); every real anchor
 outcome is also journalled to `anchors.jsonl` the moment it completes, so a step cut short
 by preemption reuses the executions it already paid for instead of losing them.
+
+Several JAX processes (hosts) run the same loop on the same global batch; every jitted
+output is gathered (`wmrl.distributed.process_allgather_to_numpy`) before Python reads it.
+Host-side work is split: the anchor rows of a step (and the held-out scripts of an
+evaluation) are dealt round-robin over the processes, each executes its share on its own
+sandbox pool and journals it in its own `anchors.p{index}.jsonl`, and the outcomes are
+all-gathered so every process builds the same reward arrays.
 """
 
 from __future__ import annotations
@@ -28,12 +35,14 @@ import hashlib
 import math
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wmrl import distributed
 from wmrl.core import debias as debias_lib
 from wmrl.core import denoise as denoise_lib
 from wmrl.core.grpo import apply_anchor_weight, group_advantages
@@ -132,9 +141,13 @@ class AnchorJournal:
 
     FLUSH_EVERY_S = 30.0
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, read_also: Iterable[Path] = ()):
+        """Appends to `path`; lookups also see the records of `read_also` (the journals of
+        other processes, or of a run resumed with another process count)."""
         self.path = path
-        self.done = {(rec["step"], rec["row"]): rec for rec in read_jsonl(path)}
+        self.done = {}
+        for p in [*read_also, path]:  # this journal last: its records win
+            self.done.update({(rec["step"], rec["row"]): rec for rec in read_jsonl(p)})
         self._w = JsonlWriter(path, fsync=True, flush_every_s=self.FLUSH_EVERY_S, create=True)
 
     def lookup(self, step: int, row: int, script: str) -> dict | None:
@@ -155,6 +168,21 @@ class AnchorJournal:
 
     def close(self) -> None:
         self._w.close()
+
+
+def journal_path(workdir: Path, process_index: int, process_count: int) -> Path:
+    """The journal a process appends to: `anchors.jsonl`, or with several processes
+    `anchors.p{index}.jsonl` (each host journals the executions it ran, so no two processes
+    ever append to one file)."""
+    name = "anchors.jsonl" if process_count == 1 else f"anchors.p{process_index}.jsonl"
+    return workdir / name
+
+
+def open_journal(workdir: Path) -> AnchorJournal:
+    """This process's journal, reading every journal of the workdir for reuse."""
+    path = journal_path(workdir, jax.process_index(), jax.process_count())
+    others = sorted(p for p in workdir.glob("anchors*.jsonl") if p.name != path.name)
+    return AnchorJournal(path, read_also=others)
 
 
 def correct_rewards(
@@ -259,7 +287,7 @@ class Trainer:
         self.prompts = {t.id: rldata.prompt_text(t) for t in self.train + prepared.heldout_tasks}
         self._policy_step = None
         self._wm_step = None
-        self.journal = AnchorJournal(workdir / "anchors.jsonl")
+        self.journal = open_journal(workdir)
         self._correct = jax.jit(
             functools.partial(
                 correct_rewards, group_size=self.G, spec=self.spec, debias_cfg=self.debias_cfg,
@@ -301,7 +329,8 @@ class Trainer:
         tokens, mask = jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"])
         if self.spec.uses_wm:
             self._wm_scores(st.wm.params, rows)
-        ref_logp = np.asarray(self.logprobs(st.ref_params, tokens, mask))
+        ref_logp = self.logprobs(st.ref_params, tokens, mask)
+        ref_logp = distributed.process_allgather_to_numpy(ref_logp)
         group_var = jnp.zeros(B) if self.routing.uncertainty_share > 0 else None
         is_anchor, _ = route_anchors(jax.random.key(0), B, self.routing, None, group_var)
         is_anchor = np.asarray(is_anchor)
@@ -340,7 +369,9 @@ class Trainer:
         out = generate(
             self.policy.graphdef, params, jnp.asarray(ids), jnp.asarray(mask), key, sc, self.max_len
         )
-        comp, cmask, logp = (np.asarray(x) for x in (out.tokens, out.mask, out.logprobs))
+        comp, cmask, logp = distributed.process_allgather_to_numpy(
+            (out.tokens, out.mask, out.logprobs)
+        )
         G = sc.num_samples
         rows = {
             "tokens": np.concatenate([np.repeat(ids, G, axis=0), comp], axis=1),
@@ -355,20 +386,28 @@ class Trainer:
         scripts = [self.tok.decode(row[m]) for row, m in zip(comp, cmask, strict=True)]
         return rows, scripts
 
-    def _execute(self, step, rows_tasks, scripts, indices):
-        """Submit the given rows; journal hits are reused. Returns {row: future-or-record}."""
+    def _execute(self, step, rows_tasks, scripts, indices, owner):
+        """Submit this process's share of the given rows (those with `owner[row]` = this
+        process) to its own pool; journal hits are reused. Returns {row: future-or-record}."""
         pending = {}
+        me = jax.process_index()
         for i in indices:
+            if owner[i] != me:
+                continue
             hit = self.journal.lookup(step, int(i), scripts[i])
             pending[int(i)] = (
                 hit if hit is not None else self.pool.submit(rows_tasks[i], scripts[i])
             )
         return pending
 
-    def _collect(self, step, pending, rows_tasks, scripts, n):
+    def _collect(self, step, pending, rows_tasks, scripts, owner):
+        """Wait for this process's executions (journalling each), then merge every process's
+        outcomes: (r_env [n], status [n], executions not taken from a journal), the same on
+        every process."""
+        n = len(owner)
         r_env = np.zeros(n, np.float32)
         status = np.full(n, int(Status.UNGRADED), np.int32)
-        new = 0
+        new = np.zeros(n, bool)
         for i, item in pending.items():
             if isinstance(item, dict):
                 rec = item
@@ -376,14 +415,15 @@ class Trainer:
                 res = item.result()
                 reward = None if math.isnan(res.reward) else res.reward
                 rec = self.journal.record(step, i, scripts[i], rows_tasks[i].id, res.status, reward)
-                new += 1
+                new[i] = True
             status[i] = rec["status"]
             r_env[i] = 0.0 if rec["reward"] is None else rec["reward"]
-        return r_env, status, new
+        out = distributed.merge_from_owners({"r_env": r_env, "status": status, "new": new}, owner)
+        return out["r_env"], out["status"], int(out["new"].sum())
 
     def _wm_scores(self, params, rows) -> dict:
         out = self.wm_score(params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]))
-        return {k: np.asarray(v) for k, v in out.items()}
+        return distributed.process_allgather_to_numpy(dict(out))
 
     # -- one RL step ---------------------------------------------------------------------
 
@@ -411,24 +451,28 @@ class Trainer:
         is_anchor, picked_by = route_anchors(k_route, B, self.routing, None, group_var)
         is_anchor = np.asarray(is_anchor)
         anchor_rows = np.repeat(is_anchor, G)
+        anchor_idx = np.nonzero(anchor_rows)[0]
+        owner = np.zeros(B * G, np.int64)  # the process that executes each anchor row
+        owner[anchor_idx] = distributed.round_robin_owners(len(anchor_idx))
         t_exec = time.monotonic()
-        pending = self._execute(step, row_tasks, scripts, np.nonzero(anchor_rows)[0])
+        pending = self._execute(step, row_tasks, scripts, anchor_idx, owner)
         # While the anchors execute: WM scores and the reference policy's log-probs.
         if self.spec.uses_wm and wm_out is None:
             t0 = time.monotonic()
             wm_out = self._wm_scores(st.wm.params, rows)
             wm_s += time.monotonic() - t0
         t0 = time.monotonic()
-        ref_logp = np.asarray(
+        ref_logp = distributed.process_allgather_to_numpy(
             self.logprobs(
                 st.ref_params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"])
             )
         )
         train_s = time.monotonic() - t0
-        r_env, status, new_execs = self._collect(step, pending, row_tasks, scripts, B * G)
-        # Every anchor outcome the step trains on was paid for by a real execution: those taken
-        # from the journal (a step redone after preemption) were executed before the restart.
-        n_execs = len(pending)
+        r_env, status, new_execs = self._collect(step, pending, row_tasks, scripts, owner)
+        # Every anchor outcome the step trains on was paid for by a real execution (once, by
+        # one process): those taken from a journal (a step redone after preemption) were
+        # executed before the restart.
+        n_execs = len(anchor_idx)
         execute_s = time.monotonic() - t_exec
         r_wm = wm_out["score"] if wm_out is not None else np.zeros(B * G, np.float32)
 
@@ -446,6 +490,7 @@ class Trainer:
         if self._policy_step is None:
             self._policy_step = models.policy_step(self.policy, batch, cfg)
         policy, pmetrics = self._policy_step(st.policy, batch)
+        pmetrics = distributed.process_allgather_to_numpy(pmetrics)
         wm = st.wm
         replay = st.replay
         if self.spec.uses_wm:  # the WM learns only from real outcomes
@@ -476,7 +521,9 @@ class Trainer:
             metrics["wm_anchor_mae"] = (
                 float(np.abs(r_wm - r_env)[env_valid].mean()) if env_valid.any() else None
             )
-        wall = time.monotonic() - t_step
+        # The slowest process's step time, so every process stops at the same step when a
+        # wall-clock budget runs out.
+        wall = float(distributed.allgather_host(np.float64(time.monotonic() - t_step)).max())
         new_state = dataclasses.replace(
             st, step=step + 1, policy=policy, wm=wm, correction=correction, replay=replay,
             wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_execs,
@@ -512,34 +559,45 @@ class Trainer:
     # -- evaluation ----------------------------------------------------------------------
 
     def evaluate(self, st: RunState) -> dict:
-        """k scripts per held-out task, executed for real; mean reward and status rates."""
+        """k scripts per held-out task, executed for real; mean reward and status rates.
+
+        The scripts are dealt round-robin over the processes, each runs its share on its own
+        pool, and the outcomes are merged so every process returns the same result.
+        """
         t0 = time.monotonic()
         tasks = self.prepared.heldout_tasks
         k = self.config.rl.eval_samples
         key = jax.random.fold_in(jax.random.key(self.config.seed + 1), st.step)
         rows, scripts = self._generate(st.policy.params, tasks, self.eval_sc, key)
-        futs = [
-            self.pool.submit(t, scripts[i * k + j]) for i, t in enumerate(tasks) for j in range(k)
-        ]
-        results = [f.result() for f in futs]
-        graded = [r for r in results if r.status != Status.UNGRADED]
-        counts = Counter(r.status.name for r in graded)
+        row_tasks = [t for t in tasks for _ in range(k)]
+        owner = distributed.round_robin_owners(len(scripts))
+        mine = np.nonzero(owner == jax.process_index())[0]
+        futs = {i: self.pool.submit(row_tasks[i], scripts[i]) for i in mine}
+        status = np.full(len(scripts), int(Status.UNGRADED), np.int32)
+        reward = np.full(len(scripts), np.nan)  # float64: exactly the grader's rewards
+        for i, fut in futs.items():
+            res = fut.result()
+            status[i], reward[i] = int(res.status), res.reward
+        merged = distributed.merge_from_owners({"status": status, "reward": reward}, owner)
+        status, reward = merged["status"], merged["reward"]
+        graded = status != int(Status.UNGRADED)
+        counts = Counter(Status(int(s)).name for s in status[graded])
         per_task = {}
         for i, t in enumerate(tasks):
-            rs = [r.reward for r in results[i * k : (i + 1) * k] if r.status != Status.UNGRADED]
-            per_task[t.id] = float(np.mean(rs)) if rs else None
+            rs = reward[i * k : (i + 1) * k][graded[i * k : (i + 1) * k]]
+            per_task[t.id] = float(np.mean(rs)) if len(rs) else None
         return {
             "step": st.step,
             "wall_time_s": st.wall_time_s,
             "real_executions": st.real_executions,
-            "heldout_reward": float(np.mean([r.reward for r in graded])) if graded else None,
+            "heldout_reward": float(np.mean(reward[graded])) if graded.any() else None,
             "heldout_status_rates": {
-                s.name: counts.get(s.name, 0) / max(len(graded), 1)
+                s.name: counts.get(s.name, 0) / max(int(graded.sum()), 1)
                 for s in Status
                 if s != Status.UNGRADED
             },
             "heldout_per_task": per_task,
-            "heldout_ungraded": len(results) - len(graded),
+            "heldout_ungraded": int((~graded).sum()),
             "eval_s": time.monotonic() - t0,
             "mean_script_tokens": float(rows["loss_mask"].sum() / len(scripts)),
         }
