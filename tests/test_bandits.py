@@ -169,3 +169,28 @@ def test_heads_sampling_mode_gives_the_same_suite_results():
     s = run_suite(config)["variants"]
     assert s["wmrl"]["frac_seeds_optimal"] >= 0.9
     assert s["wm_only"]["frac_seeds_optimal"] == 0.0
+
+
+def test_batched_refit_refits_exactly_the_seeds_that_are_due():
+    """`refit_due_maps` (outside the vmap, under a cond) equals refitting each seed alone."""
+    from wmrl.core import debias
+    from wmrl.core.state import init_correction_state
+
+    cfg = debias.DebiasConfig(mode="monotone", min_pairs=8, refit_every=8, capacity=32)
+    rng = np.random.default_rng(0)
+    corr = jax.vmap(lambda _: init_correction_state(cfg))(jnp.arange(3))
+    # seed 0: nothing (not due); seed 1: 8 pairs (first fit due); seed 2: 4 pairs (not due)
+    valid = jnp.asarray(np.arange(8)[None, :] < np.array([[0], [8], [4]]))
+    x = jnp.asarray(rng.uniform(size=(3, 8)))
+    append = jax.vmap(lambda m, a, v: debias.update_monotone_map(m, a, a**2, v, cfg, refit=False))
+    corr = corr.replace(debias=corr.debias.replace(monotone=append(corr.debias.monotone, x, valid)))
+    got = bt.refit_due_maps(corr, cfg).debias.monotone
+    want = jax.vmap(lambda m: debias.refit_monotone_map(m, cfg))(corr.debias.monotone)
+    np.testing.assert_array_equal(got.fitted, [False, True, False])
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # no seed due: the cond's skip branch leaves every map as it is
+    nobody = corr.replace(debias=corr.debias.replace(monotone=got))
+    same = bt.refit_due_maps(nobody, cfg).debias.monotone
+    for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -218,3 +218,57 @@ def test_batched_keyed_update_equals_sequential_numpy(rule):
         if buffers[k]:
             want = np.mean(buffers[k]) if rule == "window" else ema[k] / norm[k]
             np.testing.assert_allclose(got[k], want, rtol=1e-4, atol=1e-6)
+
+
+def test_deferred_refit_equals_refit_inside_the_update():
+    """`refit=False` + `refit_monotone_map` is the same update, refits at the same calls."""
+    cfg = debias.DebiasConfig(mode="monotone", min_pairs=20, refit_every=16, capacity=40)
+    rng = np.random.default_rng(5)
+    joint = split = debias.init_monotone_map(cfg)
+    fits = 0
+    for _ in range(12):
+        x = jnp.asarray(rng.uniform(size=8))
+        y, v = x**2, jnp.asarray(rng.uniform(size=8) < 0.9)
+        joint = debias.update_monotone_map(joint, x, y, v, cfg)
+        split = debias.update_monotone_map(split, x, y, v, cfg, refit=False)
+        due = bool(debias.monotone_refit_due(split, cfg))
+        fits += due
+        split = debias.refit_monotone_map(split, cfg)
+        assert not bool(debias.monotone_refit_due(split, cfg))
+        for a, b in zip(jax.tree.leaves(joint), jax.tree.leaves(split), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert 3 <= fits < 12  # first fit at 20 pairs, then every 16 pairs: not at every update
+
+
+@pytest.mark.parametrize("mode", ["keyed", "monotone"])
+def test_ring_buffers_are_updated_in_place_inside_a_scan(mode):
+    """No per-step copy of a window buffer in a vmapped scan (`debias.after_reads`).
+
+    A performance property, not a numerical one: the update reads the entries it is about to
+    evict, and XLA copies the whole buffer every step unless the write depends on those reads.
+    """
+    import re
+
+    cfg = debias.DebiasConfig(mode=mode, num_keys=3, window=37, capacity=41, min_pairs=5)
+    seeds = 6
+    state = jax.vmap(lambda _: debias.init_debias_state(cfg))(jnp.arange(seeds))
+
+    def run(st, x):
+        def body(st, xt):
+            upd = lambda s, a: debias.update_debias(
+                s, a, a * a, jnp.arange(8) % 3, jnp.ones(8, bool), cfg
+            )
+            return jax.vmap(upd)(st, xt), None
+
+        return jax.lax.scan(body, st, x)[0]
+
+    x = jnp.zeros((4, seeds, 8))
+    hlo = jax.jit(run).lower(state, x).compile().as_text()
+    buffer = f"f32[{seeds},3,37]" if mode == "keyed" else f"f32[{seeds},41]"
+    bodies = re.findall(r"body=%([\w.\-]+)", hlo)
+    assert bodies
+    for name in bodies:
+        start = hlo.index(f"%{name} (")
+        text = hlo[start : hlo.index("\n}\n", start)]
+        copies = [line for line in text.splitlines() if f"= {buffer}" in line and " copy(" in line]
+        assert not copies, copies

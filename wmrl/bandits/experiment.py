@@ -11,9 +11,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 from etils import epath
+from jax.sharding import PartitionSpec as P
 
 from wmrl.bandits.problem import validate_bandit_config
-from wmrl.bandits.train import logged_steps, make_train
+from wmrl.bandits.train import logged_steps, make_train, output_specs
 
 
 def seed_keys(seed: int, num_seeds: int) -> jax.Array:
@@ -38,9 +39,25 @@ def run_variant(config: ml_collections.ConfigDict, variant: str) -> tuple[dict, 
     t0 = time.perf_counter()
     # Each seed draws its own small arrays inside a vmap, so the partitionable threefry layout
     # (meant for one big sharded draw) buys nothing here, and the classic one is ~1.5x faster
-    # on CPU. Random streams differ between the two; statistics do not.
+    # on CPU. Random streams differ between the two; statistics do not. (make_train draws the
+    # contextual problem and its evaluation contexts, so it belongs inside the block too.)
     with jax.threefry_partitionable(False):
-        compiled = jax.jit(make_train(config, variant)).lower(rngs).compile()
+        train = make_train(config, variant)
+        if isinstance(rngs.sharding, jax.sharding.NamedSharding):
+            # Each device runs the whole loop on its own seeds, with no communication. Under
+            # plain jit the partitioner all-reduces across devices wherever the step looks at
+            # all seeds (the refit's `any seed due`): the devices then wait for each other at
+            # every step.
+            train = jax.shard_map(
+                train,
+                mesh=rngs.sharding.mesh,
+                in_specs=P("seeds"),
+                out_specs=output_specs("seeds"),
+                # train is plain per-device code: its scan carries start from constants, which
+                # the varying-across-devices check would otherwise ask to annotate.
+                check_vma=False,
+            )
+        compiled = jax.jit(train).lower(rngs).compile()
     t1 = time.perf_counter()
     out = jax.block_until_ready(compiled(rngs))
     t2 = time.perf_counter()

@@ -23,10 +23,11 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import ml_collections
+from jax.sharding import PartitionSpec as P
 
 from wmrl.bandits.problem import BanditProblem, make_problem
 from wmrl.core import debias, denoise, grpo, routing
-from wmrl.core.state import init_correction_state
+from wmrl.core.state import CorrectionState, init_correction_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +61,19 @@ VARIANT_SPECS: dict[str, VariantSpec] = {
 
 
 def pick(table: jax.Array, arms: jax.Array) -> jax.Array:
-    """`table[..., arms]` per pull as a one-hot select: table [K] or [N, K], arms [N] -> [N].
+    """`table[..., arms]` per pull as a chain of K selects: arms [N] in [0, K) -> [N].
 
-    With a handful of arms a dense compare-and-sum vectorises, where a gather inside the
-    vmapped, scanned step runs element by element on CPU.
+    table is [K], [N, K], or [1, K] (one row shared by every pull, e.g. the K-armed bandit).
+
+    With a handful of arms this is elementwise work that XLA fuses into its neighbours. A
+    gather inside the vmapped, scanned step runs element by element on CPU, and a one-hot
+    compare-and-sum is a reduction over a K-wide axis, which XLA CPU hands to a library call
+    that costs far more than the arithmetic.
     """
-    hot = arms[:, None] == jnp.arange(table.shape[-1])
-    return jnp.sum(jnp.where(hot, table, 0), axis=-1)
+    out = jnp.broadcast_to(table[..., 0], arms.shape)
+    for k in range(1, table.shape[-1]):
+        out = jnp.where(arms == k, table[..., k], out)
+    return out
 
 
 def init_policy(problem: BanditProblem) -> dict[str, jax.Array]:
@@ -81,7 +88,10 @@ def policy_logits(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
 
 
 def policy_gradient(params, x: jax.Array, arms: jax.Array, adv: jax.Array):
-    """Gradient of the surrogate `mean_i adv_i log pi(a_i | x_i)` (ascent direction)."""
+    """Gradient of the surrogate `mean_i adv_i log pi(a_i | x_i)` (ascent direction).
+
+    x is [N, d], or [1, d] when every pull shares one context.
+    """
 
     def surrogate(p):
         logp = jax.nn.log_softmax(policy_logits(p, x))
@@ -94,7 +104,7 @@ def policy_gradient(params, x: jax.Array, arms: jax.Array, adv: jax.Array):
 
 
 def sample_arms(u: jax.Array, logits: jax.Array) -> jax.Array:
-    """Categorical draw by inverse CDF from one uniform per pull (u [N], logits [N, K]).
+    """Categorical draw by inverse CDF from one uniform per pull (u [N], logits [N or 1, K]).
 
     Equal in law to `jax.random.categorical` but needs one random number per pull instead of
     K Gumbels, which dominates the cost of a vmapped bandit step on CPU.
@@ -192,7 +202,10 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
         # the WM: few, large RNG calls keep the vmapped step cheap (threefry dominates on CPU).
         u = jax.random.uniform(k_u, (B,))
         eps = jax.random.normal(k_eps, (B * (d + wm_draws) + real_draws,))
-        x = eps[: B * d].reshape(B, d)
+        # The K-armed bandit has no context: all pulls share one (empty) context, so the
+        # policy, reward and bias tables are [1, K] rather than the same row repeated [B, K]
+        # (softmax, cumsum and the gradient's reductions then run once per step, not per pull).
+        x = eps[: B * d].reshape(B, d) if d else jnp.zeros((1, 0), eps.dtype)
         real_eps = eps[B * d : B * d + real_draws]
         head_eps = eps[B * d + real_draws :].reshape(wm_draws, B)
         arms = sample_arms(u, policy_logits(params, x))
@@ -261,12 +274,32 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
                 take(arms).reshape(-1),
                 jnp.ones((anchor_pulls,), bool),
                 st.debias,
+                refit=False,  # `refit_due_maps` in make_train refits outside the vmap
             )
             new_denoise = denoise.update_denoise(corr.denoise, take(calibrated), real, st.denoise)
             corr = corr.replace(debias=new_debias, denoise=new_denoise)
         return {"params": params, "corr": corr}, metrics
 
     return step
+
+
+def refit_due_maps(corr: CorrectionState, config: debias.DebiasConfig) -> CorrectionState:
+    """Refit the monotone maps of all seeds (leading axis) that are due, at once.
+
+    The step appends anchor pairs with `refit=False` and this runs right after it, outside the
+    vmap over seeds: under `lax.cond` on "any seed due", steps where no seed is due skip the
+    fit, which inside the vmap would run for every seed at every step. Every seed gets the
+    same number of anchor pairs per step, so all are due together: the fit runs once every
+    `refit_every / anchor pulls` steps. Seeds that are not due keep their map (DESIGN.md 3.4).
+    """
+    if not config.uses_monotone:
+        return corr
+    maps = corr.debias.monotone
+    due = jax.vmap(lambda m: debias.monotone_refit_due(m, config))(maps)
+    maps = jax.lax.cond(
+        due.any(), jax.vmap(lambda m: debias.refit_monotone_map(m, config)), lambda m: m, maps
+    )
+    return corr.replace(debias=corr.debias.replace(monotone=maps))
 
 
 def evaluate(problem: BanditProblem, params, eval_x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -332,6 +365,19 @@ def logged_steps(num_steps: int, log_points: int):
     return steps + ([num_steps] if remainder else [])
 
 
+def output_specs(seed_axis: str) -> dict:
+    """PartitionSpecs of `train`'s outputs when seeds are split over mesh axis `seed_axis`:
+    seeds are the last axis of every output."""
+    seeds, per_chunk = P(seed_axis), P(None, seed_axis)
+    return {
+        "curves": per_chunk,
+        "final_suboptimality": seeds,
+        "final_pi_star": seeds,
+        "hit_step": seeds,
+        "hit_cost": seeds,
+    }
+
+
 def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
     """Returns `train(rngs [S]) -> outputs` for one variant, ready for `jax.jit`.
 
@@ -369,6 +415,7 @@ def make_train(config: ml_collections.ConfigDict, variant: str) -> Callable:
         def one_step(c, _):
             keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(c["rng"], c["t"])
             inner, m = vstep({"params": c["params"], "corr": c["corr"]}, keys)
+            inner["corr"] = refit_due_maps(inner["corr"], st.debias)
             cost = c["cost"] + m["cost"]
             sub, _ = veval(inner["params"])
             t1 = c["t"] + 1

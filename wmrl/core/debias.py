@@ -90,6 +90,25 @@ class KeyedOffsetState:
     ema_norm: jax.Array  # [K] EMA of 1 (start-up correction)
 
 
+def after_reads(write: jax.Array, *reads: jax.Array) -> jax.Array:
+    """The write mask `write` [N], unchanged, but data-dependent on `reads` (float arrays [N]).
+
+    The estimators' ring buffers (the keyed windows, the map's pair window) are read, for the
+    entries about to be evicted, and then overwritten. Inside a `lax.scan`, XLA updates a
+    carried buffer in place only if it can prove that every read of it happens before the
+    write, and it learns that only from data dependencies; otherwise it copies the whole
+    buffer, twice per step. Nothing else links the write to the reads (the mask is even a
+    constant when every pair is valid), and in the bandit suite, thousands of seeds under a
+    vmap, those copies cost more than the rest of the estimators' update. `r > inf` is false
+    for every float, NaN included, so the mask is unchanged; XLA (jaxlib 0.10) does not fold
+    it away. If a later XLA did, only the copies would come back, not a different result
+    (`tests/test_core_debias.py` checks that the buffers are updated in place).
+    """
+    for r in reads:
+        write = write & ~(r > jnp.inf)
+    return write
+
+
 def init_keyed_offsets(config: DebiasConfig) -> KeyedOffsetState:
     # Parts the mode does not use get minimal shapes: the state is carried through every
     # step of a scan, so dead buffers would still cost memory traffic.
@@ -133,8 +152,10 @@ def update_keyed_offsets(
     slot = (state.position[keys] + rank) % window
     # A written slot evicts its previous occupant when the key's window was already that full.
     evict = write & (state.count[keys] + rank >= window)
-    delta = jnp.where(write, resid, 0.0) - jnp.where(evict, state.buffer[keys, slot], 0.0)
-    buffer = state.buffer.at[jnp.where(write, keys, config.num_keys), slot].set(resid, mode="drop")
+    evicted = state.buffer[keys, slot]
+    delta = jnp.where(write, resid, 0.0) - jnp.where(evict, evicted, 0.0)
+    row = jnp.where(after_reads(write, evicted), keys, config.num_keys)  # num_keys = dropped
+    buffer = state.buffer.at[row, slot].set(resid, mode="drop")
     # EMA: pair i of key k is discounted by decay^(later pairs of k in this batch).
     later = n_new[keys] - rank - 1
     w = jnp.where(valid, (1 - decay) * decay ** later.astype(jnp.float32), 0.0)
@@ -271,12 +292,16 @@ def update_monotone_map(
     r_env: jax.Array,
     valid: jax.Array,
     config: DebiasConfig,
+    refit: bool = True,
 ) -> MonotoneMapState:
     """Append a batch of pairs to the FIFO window, then refit when due.
 
     The window's per-bin counts and sums are kept incrementally (add the new pairs, subtract
     the ones they evict), so a refit costs O(num_bins^2) instead of a pass over the window.
     That keeps the estimator cheap enough to run inside a `vmap` over thousands of seeds.
+
+    `refit=False` only appends: the caller then owes a `refit_monotone_map` before the map is
+    next applied (see there for why a caller would split the two).
     """
     cap = config.capacity
     valid = jnp.asarray(valid, bool)
@@ -287,12 +312,13 @@ def update_monotone_map(
     offsets = jnp.cumsum(valid.astype(jnp.int32)) - 1
     slots = (state.position + offsets) % cap
     evicted = valid & ((state.size == cap) | (slots < state.size))
-    old_bins = bin_index(state.wm[slots], config)
+    old_wm, old_env = state.wm[slots], state.env[slots]
+    old_bins = bin_index(old_wm, config)
     new_bins = bin_index(r_wm, config)
     vf, ef = valid.astype(jnp.float32), evicted.astype(jnp.float32)
     bin_count = state.bin_count.at[new_bins].add(vf).at[old_bins].add(-ef)
-    bin_sum = state.bin_sum.at[new_bins].add(vf * r_env).at[old_bins].add(-ef * state.env[slots])
-    write = jnp.where(valid, slots, cap)  # index cap = dropped
+    bin_sum = state.bin_sum.at[new_bins].add(vf * r_env).at[old_bins].add(-ef * old_env)
+    write = jnp.where(after_reads(valid, old_wm, old_env), slots, cap)  # index cap = dropped
     added = valid.sum().astype(jnp.int32)
     state = state.replace(
         wm=state.wm.at[write].set(r_wm, mode="drop"),
@@ -303,9 +329,27 @@ def update_monotone_map(
         bin_count=bin_count,
         bin_sum=bin_sum,
     )
-    due = (state.size >= max(config.min_pairs, 1)) & (
+    return refit_monotone_map(state, config) if refit else state
+
+
+def monotone_refit_due(state: MonotoneMapState, config: DebiasConfig) -> jax.Array:
+    """Whether the map is due a fit: `min_pairs` stored, and never fitted or `refit_every`
+    new pairs since the last fit (DESIGN.md 3.4)."""
+    return (state.size >= max(config.min_pairs, 1)) & (
         (~state.fitted) | (state.since_fit >= config.refit_every)
     )
+
+
+def refit_monotone_map(state: MonotoneMapState, config: DebiasConfig) -> MonotoneMapState:
+    """Refit the map from the window's bins if it is due; otherwise return it unchanged.
+
+    Under `jax.vmap` (many estimators, e.g. one per bandit seed) a per-estimator `lax.cond`
+    evaluates both branches, so the fit would run at every update. A caller that batches
+    estimators can instead append with `update_monotone_map(..., refit=False)` and call this
+    outside the vmap under `lax.cond(any estimator due, ...)`: updates where none is due then
+    skip the fit entirely, and the ones that are due still refit exactly when they would have.
+    """
+    due = monotone_refit_due(state, config)
     values, filled = fit_from_bins(state.bin_count, state.bin_sum)
     return state.replace(
         bin_values=jnp.where(due, values, state.bin_values),
@@ -352,10 +396,12 @@ def update_debias(
     keys: jax.Array | None,
     valid: jax.Array,
     config: DebiasConfig,
+    refit: bool = True,
 ) -> DebiasState:
     """Feed anchor pairs (raw WM score, real reward) into the estimator.
 
     The map is fitted on keyed-corrected scores, so it sees the same inputs it is applied to.
+    `refit=False` defers the map's refit to the caller (`refit_monotone_map`).
     """
     keyed, mono = state.keyed, state.monotone
     r_wm = r_wm.astype(jnp.float32)
@@ -367,7 +413,7 @@ def update_debias(
         k = jnp.clip(keys.astype(jnp.int32), 0, config.num_keys - 1)
         r_wm = r_wm - jnp.where(ready[k], offsets[k], 0.0)
     if config.uses_monotone:
-        mono = update_monotone_map(mono, r_wm, r_env, valid, config)
+        mono = update_monotone_map(mono, r_wm, r_env, valid, config, refit)
     return DebiasState(keyed=keyed, monotone=mono)
 
 
