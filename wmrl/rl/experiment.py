@@ -143,18 +143,16 @@ class _Log:
                 self.tb.flush()
 
     def flush(self) -> None:
-        if not self.enabled:
-            return
-        for f in self.files.values():
-            f.flush()
-        self.tb.flush()
+        self._each("flush")
 
     def close(self) -> None:
-        if not self.enabled:
-            return
-        for f in self.files.values():
-            f.close()
-        self.tb.close()
+        self._each("close")
+
+    def _each(self, method: str) -> None:
+        """Call `method` on every writer (JSONL files, then TensorBoard)."""
+        if self.enabled:
+            for writer in (*self.files.values(), self.tb):
+                getattr(writer, method)()
 
 
 @dataclasses.dataclass
