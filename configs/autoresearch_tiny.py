@@ -55,6 +55,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.max_prompt_len = 96
     c.data.max_new_tokens = 256
 
+    # Start policy and WM trunk from a Hugging Face checkpoint (Qwen3 or Llama dense,
+    # safetensors): a local directory; '' = the tiny random transformer of `policy` below and a
+    # SentencePiece tokenizer trained on the corpus. See configs/qwen3_4b.py.
+    c.pretrained = ml_collections.ConfigDict()
+    c.pretrained.checkpoint = ""
+    c.pretrained.dtype = "float32"  # compute dtype
+    c.pretrained.param_dtype = "float32"  # master weights (and Adam moments)
+    c.pretrained.remat = False
+    c.pretrained.wm_trunk = True  # WM trunk = the checkpoint too (else wm.* below, random)
+    c.pretrained.prompt_template = "{prompt}"  # e.g. a chat template for instruct models
+
     c.policy = ml_collections.ConfigDict()
     c.policy.size = "tiny"
     c.policy.d_model = 128
@@ -84,6 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.tasks_per_step = 8  # B groups
     c.rl.group_size = 4  # G samples per task
     c.rl.batch_size = 0  # trajectories per step; 0 = tasks_per_step * group_size
+    c.rl.num_micro_batches = 1  # policy update in this many gradient-accumulation chunks
     c.rl.learning_rate = 2e-4
     c.rl.clip_eps = 0.2
     c.rl.kl_coef = 0.05

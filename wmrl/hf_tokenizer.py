@@ -2,7 +2,7 @@
 
 A checkpoint ships either a SentencePiece `tokenizer.model` (loaded with our
 `wmrl.tokenizer.Tokenizer`) or a `tokenizer.json` (Qwen3, Llama 3), which the
-`tokenizers` package (installed with transformers, a test extra) reads.
+`tokenizers` package (a main requirement) reads.
 `HFTokenizer` adapts the latter to the same encode/decode/pad/bos/eos/
 `batch_encode` surface, so the sampler and the RL loop need not know which.
 """
@@ -76,9 +76,11 @@ class HFTokenizer(Tokenizer):
         return bos + ids + eos
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Decode, dropping PAD/BOS/EOS ids like `Tokenizer.decode`."""
+        """Decode, dropping PAD/BOS/EOS ids like `Tokenizer.decode`, and ids past the
+        vocabulary: embedding padding rows (Qwen3 pads 151,669 ids to 151,936) have no text."""
         special = {i for i in (self._pad, self._bos, self._eos) if i is not None}
-        return self.tokenizer.decode([int(i) for i in ids if int(i) not in special])
+        keep = [int(i) for i in ids if int(i) not in special and int(i) < self.vocab_size]
+        return self.tokenizer.decode(keep)
 
 
 def _read_json(path: str) -> dict:

@@ -7,6 +7,7 @@ device memory is allocated.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -45,6 +46,15 @@ MODE_SPECS = {
 RESUMABLE_FIELDS = (
     "rl.steps", "rl.max_wall_time_s", "rl.eval_every", "rl.checkpoint_every", "rl.keep_checkpoints",
 )  # fmt: skip
+
+
+def load_config_file(path: str | Path):
+    """`get_config()` of a config file, loaded by path (config files are not a package)."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"wmrl_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 def config_field(config, field: str):
@@ -104,6 +114,13 @@ def validate_autoresearch_config(config) -> None:
         )
     if config.rl.eval_samples < 1:
         raise ConfigError("config.rl.eval_samples", "must be >= 1")
+    micro = config.rl.get("num_micro_batches", 1)
+    rows = groups_per_step(config) * config.rl.group_size
+    if not isinstance(micro, int) or micro < 1 or rows % micro:
+        raise ConfigError(
+            "config.rl.num_micro_batches",
+            f"must be a positive divisor of the {rows} trajectories per step, got {micro!r}",
+        )
     storage.require_local(config.get("data_dir", ""), "data_dir")
     storage.require_local(config.suite.dir, "suite.dir")
     if config.suite.dir:
@@ -124,6 +141,9 @@ def validate_autoresearch_config(config) -> None:
         for split in ("train", "heldout"):
             if split not in splits:
                 raise ConfigError("config.suite.tasks", f"needs at least one {split} task")
+    from wmrl.rl import pretrained
+
+    pretrained.validate(config, config.data.max_prompt_len + config.data.max_new_tokens)
     try:
         routing_config(config)
         debias_config(config)

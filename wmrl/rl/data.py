@@ -26,6 +26,7 @@ from wmrl.envs.autoresearch.dataset import SEP, execute_corpus
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.make_task import task_info
 from wmrl.envs.autoresearch.task import Task, load_suite
+from wmrl.rl import pretrained
 from wmrl.tokenizer import Tokenizer
 
 PROMPT_FORMAT = 2  # bump when prompt_text changes: tokenizers trained on the old one are stale
@@ -46,6 +47,12 @@ def prompt_text(task: Task) -> str:
     return "\n".join([*facts, f"- Data: {', '.join(data)}"]) + "\n" + SEP
 
 
+def task_prompt(config, task: Task) -> str:
+    """What the policy and the WM are conditioned on: `prompt_text` in the pretrained
+    checkpoint's prompt template, if any (`wmrl.rl.pretrained`)."""
+    return pretrained.prompt(config, prompt_text(task))
+
+
 @dataclasses.dataclass
 class Prepared:
     suite_dir: Path
@@ -56,7 +63,8 @@ class Prepared:
 
 
 def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> Prepared:
-    """Build (or reuse) the suite, execute the corpus resumably, train the tokenizer once."""
+    """Build (or reuse) the suite, execute the corpus resumably, train the tokenizer once
+    (or, starting from a pretrained checkpoint, load the checkpoint's own)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     if config.suite.dir:
@@ -95,6 +103,8 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
     with open(log) as f:
         executions = [json.loads(line) for line in f if line.strip()]
     executions.sort(key=lambda r: (r["task_id"], r["index"]))
+    if pretrained.enabled(config):
+        return Prepared(suite_dir, train, heldout, executions, pretrained.load_tokenizer(config))
     spm_path = data_dir / f"spm_p{PROMPT_FORMAT}_v{config.data.vocab_size}.model"
     if not spm_path.exists():
         prompts = {t.id: prompt_text(t) for t in train}
@@ -124,7 +134,7 @@ def sft_documents(config, tasks: list[Task]) -> list[tuple[str, str]]:
             task_seed(t.id, config.seed),
             config.data.mistake_rate,
         )  # the first scripts_per_task are exactly the executed corpus's
-        out += [(prompt_text(t), source) for _, source in scripts]
+        out += [(task_prompt(config, t), source) for _, source in scripts]
     return out
 
 

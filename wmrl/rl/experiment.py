@@ -175,14 +175,15 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
     t0 = time.monotonic()
     with distributed.main_process_first("data stage", timeout_s=DATA_STAGE_TIMEOUT_S):
         prepared = rldata.prepare_data(config, data_dir(config, workdir), progress=progress)
-    vocab = prepared.tokenizer.vocab_size
+    vocab = models.vocab_size(config, prepared.tokenizer)
     mesh = models.make_rl_mesh(config)
     policy = models.build_policy(
         config, vocab, models.adam(config.rl.learning_rate), mesh, config.seed
     )
     wm = models.build_wm(
-        config, vocab, models.adam(config.wm.online_learning_rate), mesh, config.seed + 1
-    )
+        config, vocab, models.adam(config.wm.online_learning_rate), mesh, config.seed + 1,
+        trunk_params=policy.state.params,
+    )  # fmt: skip
     inits = init_dir(config, workdir)
     policy_params, sft_report = stages.warm_start(
         config, prepared, policy, inits / "warmstart", progress

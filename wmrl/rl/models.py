@@ -28,6 +28,7 @@ from wmrl.models.train_steps import (
 )
 from wmrl.models.transformer import Transformer, token_logprobs
 from wmrl.models.world_model import WorldModel, WorldModelConfig
+from wmrl.rl import pretrained
 
 NUM_CLASSES = len([s for s in Status if s != Status.UNGRADED])  # outcome classes the WM predicts
 
@@ -130,12 +131,42 @@ def _build(factory, tx, mesh) -> Model:
     return Model(graphdef, state, tx, mesh, abstract_model(factory)[1])
 
 
+def vocab_size(config, tokenizer) -> int:
+    """Embedding rows: the tokenizer's size, or a pretrained checkpoint's (possibly padded)
+    embedding."""
+    if pretrained.enabled(config):
+        return pretrained.model_config(config, seq_len(config)).vocab_size
+    return tokenizer.vocab_size
+
+
 def build_policy(config, vocab_size: int, tx, mesh, seed: int) -> Model:
+    """The tiny random policy of `config.policy`, or the pretrained checkpoint (its weights
+    placed onto the mesh directly, no random initialisation)."""
+    if pretrained.enabled(config):
+        cfg = pretrained.model_config(config, seq_len(config))
+        graphdef, abstract = abstract_model(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)))
+        params = pretrained.load_params(config, cfg, mesh)
+        m = Model(graphdef, None, tx, mesh, abstract)
+        m.state = m.new_state(params, tx)
+        return m
     cfg = policy_config(config, vocab_size)
     return _build(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
 
 
-def build_wm(config, vocab_size: int, tx, mesh, seed: int) -> Model:
+def build_wm(config, vocab_size: int, tx, mesh, seed: int, trunk_params=None) -> Model:
+    """The world model of `config.wm`; with `pretrained.wm_trunk` its trunk has the
+    checkpoint's architecture and starts from `trunk_params` (the imported policy weights,
+    copied), the heads from random."""
+    if pretrained.enabled(config) and config.pretrained.wm_trunk:
+        trunk = pretrained.model_config(config, seq_len(config))
+        cfg = WorldModelConfig(trunk=trunk, num_members=config.wm.num_members,
+                               num_classes=NUM_CLASSES)  # fmt: skip
+        m = _build(lambda: WorldModel(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
+        if trunk_params is None:
+            raise ValueError("build_wm: pretrained.wm_trunk needs the imported trunk_params")
+        params = {**m.state.params, "trunk": jax.tree.map(jnp.copy, trunk_params)}
+        m.state = m.new_state(params, tx)
+        return m
     cfg = wm_config(config, vocab_size)
     return _build(lambda: WorldModel(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
 
@@ -155,7 +186,8 @@ def sft_step(m: Model, example: dict):
 
 def policy_step(m: Model, example: dict, config):
     loss = PolicyLossConfig(clip_eps=config.rl.clip_eps, kl_coef=config.rl.kl_coef)
-    return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss)
+    micro = config.rl.get("num_micro_batches", 1)
+    return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss, micro)
 
 
 def wm_step(m: Model, example: dict):

@@ -28,10 +28,11 @@ from wmrl.rl.config import config_differences, config_field
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
 STAGE_FIELDS = {
-    "warmstart": ("seed", "suite.dir", "suite.tasks", "data", "policy"),
+    "warmstart": ("seed", "suite.dir", "suite.tasks", "data", "policy", "pretrained"),
     "wm_pretrain": (
-        "seed", "suite.dir", "suite.tasks", "data", "wm.d_model", "wm.num_layers", "wm.mlp_dim",
-        "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size", "wm.learning_rate",
+        "seed", "suite.dir", "suite.tasks", "data", "pretrained", "wm.d_model", "wm.num_layers",
+        "wm.mlp_dim", "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size",
+        "wm.learning_rate",
     ),
 }  # fmt: skip
 
@@ -107,6 +108,8 @@ def warm_start(config, prepared, policy: models.Model, stage_dir: epath.Path, pr
     report = _done(stage_dir, config)
     if report is not None:
         return load_params(stage_dir, policy.state.params), report
+    if config.policy.sft_steps == 0:  # RL straight from the initial (e.g. pretrained) policy
+        return policy.state.params, {"sft_steps": 0, "sft_examples": 0, "final_nll": None}
     rows = sft_rows(config, prepared)
     n, bs = len(rows["tokens"]), config.policy.sft_batch_size
     steps = config.policy.sft_steps
@@ -135,7 +138,8 @@ def warm_start(config, prepared, policy: models.Model, stage_dir: epath.Path, pr
 
 
 def wm_rows(config, prepared, split: str) -> dict:
-    prompts = {t.id: rldata.prompt_text(t) for t in prepared.train_tasks + prepared.heldout_tasks}
+    tasks = prepared.train_tasks + prepared.heldout_tasks
+    prompts = {t.id: rldata.task_prompt(config, t) for t in tasks}
     recs = [r for r in prepared.executions if r["split"] == split and r["task_id"] in prompts]
     rows = rldata.encode_trajectories(
         prepared.tokenizer, [prompts[r["task_id"]] for r in recs], [r["script"] for r in recs],

@@ -56,7 +56,6 @@ from wmrl.models.world_model import spearman
 from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
 from wmrl.rl import models
-from wmrl.tokenizer import EOS_ID, PAD_ID
 
 REPLAY_ARRAYS = ("tokens", "input_mask", "target", "class_label", "valid")
 
@@ -276,15 +275,16 @@ class Trainer:
         self.policy, self.wm = policy, wm
         self.key = jax.random.key(config.seed)
         self.sc = SamplingConfig(
-            max_new_tokens=self.N, eos_id=EOS_ID, pad_id=PAD_ID, num_samples=self.G,
-            temperature=config.rl.temperature,
+            max_new_tokens=self.N, eos_id=self.tok.eos_id, pad_id=self.tok.pad_id,
+            num_samples=self.G, temperature=config.rl.temperature,
         )  # fmt: skip
         self.eval_sc = dataclasses.replace(self.sc, num_samples=config.rl.eval_samples)
         self.max_len = models.seq_len(config)
         self.logprobs = make_logprobs_fn(policy.graphdef, policy.shardings, policy.mesh)
         self.wm_score = make_wm_score_fn(wm.graphdef, wm.shardings, wm.mesh)
         self.train = self.prepared.train_tasks
-        self.prompts = {t.id: rldata.prompt_text(t) for t in self.train + prepared.heldout_tasks}
+        tasks = self.train + prepared.heldout_tasks
+        self.prompts = {t.id: rldata.task_prompt(config, t) for t in tasks}
         self._policy_step = None
         self._wm_step = None
         self.journal = open_journal(workdir)

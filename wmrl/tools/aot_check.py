@@ -35,6 +35,19 @@ def _mesh_from_argv(argv: list[str]) -> tuple[int, ...] | None:
     return None
 
 
+def step_shape(config) -> tuple[int, int, int]:
+    """(batch, seq_len, micro-batches) of the policy train step: a model config's own fields,
+    or, for a WMRL trainer config (configs/qwen3_*.py), the RL step's trajectories per step,
+    prompt + script length and `rl.num_micro_batches`."""
+    if "rl" in config:
+        from wmrl.rl.config import groups_per_step
+
+        seq = config.data.max_prompt_len + config.data.max_new_tokens
+        batch = groups_per_step(config) * config.rl.group_size
+        return batch, seq, config.rl.get("num_micro_batches", 1)
+    return config.batch_size, config.seq_len, config.num_micro_batches
+
+
 def _set_fake_devices(argv: list[str]) -> None:
     shape = _mesh_from_argv(argv)
     if shape is not None:
@@ -49,7 +62,9 @@ def main() -> None:
     from absl import app, flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", None, "configs/model_*.py file", lock_config=True)
+    config_flags.DEFINE_config_file(
+        "config", None, "configs/model_*.py, or a WMRL config with config.model", lock_config=True
+    )
     flags.DEFINE_string("mesh", None, "data,fsdp,tensor sizes (default: the config's mesh_shape)")
     flags.DEFINE_integer("batch_size", None, "override the config's batch_size")
     flags.DEFINE_integer("seq_len", None, "override the config's seq_len")
@@ -64,12 +79,8 @@ def main() -> None:
         cfg = transformer_config(config)
         shape = _mesh_from_argv(sys.argv) or tuple(config.mesh_shape)
         mesh = make_mesh(shape)
-        r = aot_policy_step(
-            cfg, mesh,
-            FLAGS.batch_size or config.batch_size,
-            FLAGS.seq_len or config.seq_len,
-            config.num_micro_batches,
-        )  # fmt: skip
+        batch, seq, micro = step_shape(config)
+        r = aot_policy_step(cfg, mesh, FLAGS.batch_size or batch, FLAGS.seq_len or seq, micro)
 
         def size(n: int) -> str:
             return f"{n / (1 << 30):.3f} GiB ({n / (1 << 20):,.1f} MiB)"
