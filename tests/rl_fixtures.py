@@ -54,10 +54,10 @@ def load_config():
     return mod.get_config()
 
 
-def tiny_config(data_dir, init_dir, **changes):
-    """The tiny setting as a ConfigDict; `changes` use `__` for dots (rl__steps=3)."""
-    c = load_config()
-    items = {**TINY, **{k.replace("__", "."): v for k, v in changes.items()}}
+def set_fields(c, items: dict, data_dir, init_dir, changes: dict):
+    """Set dotted fields of ConfigDict `c`: `items`, then `changes` (`__` for dots,
+    rl__steps=3), then the shared `data_dir` and `init_dir`."""
+    items = {**items, **{k.replace("__", "."): v for k, v in changes.items()}}
     items["data_dir"], items["init_dir"] = str(data_dir), str(init_dir)
     for key, value in items.items():
         node = c
@@ -66,6 +66,11 @@ def tiny_config(data_dir, init_dir, **changes):
             node = node[p]
         node[leaf] = value
     return c
+
+
+def tiny_config(data_dir, init_dir, **changes):
+    """The tiny setting as a ConfigDict; `changes` use `__` for dots (rl__steps=3)."""
+    return set_fields(load_config(), TINY, data_dir, init_dir, changes)
 
 
 def _flag(key, value) -> str:

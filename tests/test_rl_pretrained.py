@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from tests.rl_fixtures import ROOT, TINY, load_config  # noqa: E402
+from tests.rl_fixtures import ROOT, TINY, load_config, set_fields  # noqa: E402
 from wmrl.config_errors import ConfigError  # noqa: E402
 from wmrl.envs.autoresearch import author  # noqa: E402
 from wmrl.models.hf_import import config_from_hf  # noqa: E402
@@ -94,15 +94,7 @@ def pod_tiny_config(ckpt: str, data_dir, init_dir, **changes):
     items = {k: v for k, v in TINY.items() if not k.startswith(keep)}
     items.update({"policy.sft_steps": 2, "policy.sft_batch_size": 4, "wm.pretrain_steps": 0,
                   "suite.time_limit_s": 20.0, "pretrained.checkpoint": ckpt})  # fmt: skip
-    items.update({k.replace("__", "."): v for k, v in changes.items()})
-    items["data_dir"], items["init_dir"] = str(data_dir), str(init_dir)
-    for key, value in items.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
+    return set_fields(c, items, data_dir, init_dir, changes)
 
 
 def _ours_from_hf(weights: dict, name: str, layer: int) -> np.ndarray:

@@ -236,7 +236,7 @@ def run(
                 print("compiling the RL step (not counted in wall_time_s)", flush=True)
             compile_s = trainer.warmup(st)
         out_of_time = lambda: bool(budget) and st.wall_time_s >= budget
-        bar = tqdm(total=steps, initial=st.step, desc=f"RL ({config.mode})", disable=not progress)
+        bar = _progress_bar(config, st, steps, budget, progress)
         while st.step < steps and not out_of_time():
             st, metrics, pairs = trainer.run_step(st)
             trainer.journal.flush()  # remote workdir: the step's executions, uploaded
@@ -250,8 +250,9 @@ def run(
             if st.step % config.rl.checkpoint_every == 0 or last:
                 log.flush()
                 ckpt.save(st, trainer.key, config.seed)
-            bar.update(1)
+            bar.update((_bar_time(st, budget) if budget else st.step) - bar.n)
             bar.set_postfix(
+                step=st.step,
                 reward=f"{metrics['train_reward']:.3f}",
                 heldout=f"{st.evals[-1]['heldout_reward']:.3f}",
             )
@@ -273,6 +274,21 @@ def run(
         )
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _progress_bar(config, st, steps: int, budget: float, progress: bool) -> tqdm:
+    """Steps out of `rl.steps`; under a wall-clock budget (`rl.max_wall_time_s`, e.g. the
+    speedup benchmark's `--budget_s`, which lifts the step limit) training seconds out of the
+    budget, so that the ETA means something (the step is in the postfix)."""
+    desc = f"RL ({config.mode})"
+    if budget:
+        return tqdm(total=round(budget), initial=_bar_time(st, budget), unit="s", desc=desc,
+                    disable=not progress)  # fmt: skip
+    return tqdm(total=steps, initial=st.step, unit="step", desc=desc, disable=not progress)
+
+
+def _bar_time(st, budget: float) -> int:
+    return round(min(st.wall_time_s, budget))
 
 
 def time_to_target(evals: list[dict], target: float) -> float | None:
