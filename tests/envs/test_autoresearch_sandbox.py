@@ -464,6 +464,25 @@ def test_rlimits_fallback_contains_basic_attacks(task):
         assert r.score == pytest.approx(good_script_score(task))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="per-slot uids need root")
+def test_rlimits_setsid_daemons_never_escape(task):
+    """The double-fork + setsid daemon, repeated: the uid sweep must catch the grandchild
+    every time (a /proc scan alone missed it in ~1 run in 13 when the scan listed /proc just
+    before the grandchild was forked and read its parent after it had exited)."""
+    daemon = textwrap.dedent("""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(1000)
+            os._exit(0)
+    """)
+    with SandboxPool(num_workers=1, isolation="rlimits") as p:
+        for _ in range(20):
+            assert p.run(task, daemon).status == Status.NO_SUBMISSION
+            assert_no_sandbox_pids(p, timeout=0.2)
+
+
 def test_infrastructure_failure_is_retried_then_ungraded(task):
     with SandboxPool(num_workers=1) as p:
         fut = p.submit(task, "import time\ntime.sleep(1)\n")

@@ -130,9 +130,23 @@ def live_pids_with_uid(lo: int, hi: int | None = None) -> list[int]:
 def kill_uid(uid: int, timeout: float = 2.0) -> None:
     """Kill every process of a per-slot uid (rlimits mode, as root).
 
-    Scans repeat until none is left: a process forked between a scan and the
-    kill would otherwise survive (RLIMIT_NPROC bounds how many can appear).
+    First a helper running as `uid` calls kill(-1, SIGKILL), which the kernel
+    delivers to every process of that uid at once; a process caught forking
+    gets it too, so nothing escapes by forking. (A /proc scan alone could miss
+    a setsid daemon's grandchild: listed after the scan began, its parent gone
+    by the time it was read.) Then scans repeat until none is left, as a
+    backstop; RLIMIT_NPROC bounds how many can appear.
     """
+    helper = os.fork()
+    if helper == 0:  # the caller owns no threads (see sandbox.supervise)
+        try:
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)  # every process this uid may signal: its own
+        except OSError:
+            pass
+        finally:
+            os._exit(0)
+    os.waitpid(helper, 0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pids = live_pids_with_uid(uid)
