@@ -14,7 +14,7 @@ from flax import nnx
 from wmrl.config_errors import ConfigError
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.models.config import named_config
-from wmrl.models.sharding import make_mesh
+from wmrl.models.sharding import make_mesh, param_shardings
 from wmrl.models.train_steps import (
     PolicyLossConfig,
     TrainState,
@@ -131,6 +131,31 @@ def _build(factory, tx, mesh) -> Model:
     return Model(graphdef, state, tx, mesh, abstract_model(factory)[1])
 
 
+def _from_params(factory, params, tx, mesh) -> Model:
+    """A `Model` around given (already placed) params: no random initialisation."""
+    graphdef, abstract = abstract_model(factory)
+    m = Model(graphdef, None, tx, mesh, abstract)
+    m.state = m.new_state(params, tx)
+    return m
+
+
+def _init_heads(factory, mesh) -> dict:
+    """The randomly initialised params of a world model except its trunk, in their shardings.
+
+    The whole model's init is traced (so the heads get exactly the values a full init gives
+    them) but only the heads are returned: XLA drops the unused trunk init, so a
+    checkpoint-sized random trunk is never materialised."""
+    _, abstract = abstract_model(factory)
+    shardings = {k: v for k, v in param_shardings(abstract, mesh).items() if k != "trunk"}
+
+    def init():
+        params = nnx.to_pure_dict(nnx.state(factory()))
+        return {k: v for k, v in params.items() if k != "trunk"}
+
+    with jax.set_mesh(mesh):
+        return jax.jit(init, out_shardings=shardings)()
+
+
 def vocab_size(config, tokenizer) -> int:
     """Embedding rows: the tokenizer's size, or a pretrained checkpoint's (possibly padded)
     embedding."""
@@ -144,11 +169,8 @@ def build_policy(config, vocab_size: int, tx, mesh, seed: int) -> Model:
     placed onto the mesh directly, no random initialisation)."""
     if pretrained.enabled(config):
         cfg = pretrained.model_config(config, seq_len(config))
-        graphdef, abstract = abstract_model(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)))
         params = pretrained.load_params(config, cfg, mesh)
-        m = Model(graphdef, None, tx, mesh, abstract)
-        m.state = m.new_state(params, tx)
-        return m
+        return _from_params(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), params, tx, mesh)
     cfg = policy_config(config, vocab_size)
     return _build(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
 
@@ -161,12 +183,12 @@ def build_wm(config, vocab_size: int, tx, mesh, seed: int, trunk_params=None) ->
         trunk = pretrained.model_config(config, seq_len(config))
         cfg = WorldModelConfig(trunk=trunk, num_members=config.wm.num_members,
                                num_classes=NUM_CLASSES)  # fmt: skip
-        m = _build(lambda: WorldModel(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
         if trunk_params is None:
             raise ValueError("build_wm: pretrained.wm_trunk needs the imported trunk_params")
-        params = {**m.state.params, "trunk": jax.tree.map(jnp.copy, trunk_params)}
-        m.state = m.new_state(params, tx)
-        return m
+        factory = lambda: WorldModel(cfg, rngs=nnx.Rngs(seed))
+        heads = _init_heads(factory, mesh)
+        params = {**heads, "trunk": jax.tree.map(jnp.copy, trunk_params)}
+        return _from_params(factory, params, tx, mesh)
     cfg = wm_config(config, vocab_size)
     return _build(lambda: WorldModel(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
 

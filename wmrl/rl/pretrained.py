@@ -24,6 +24,7 @@ shapes are checked by `load_hf_checkpoint` before the first tensor is placed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -72,12 +73,19 @@ def model_config(config, max_len: int) -> TransformerConfig:
 
 
 def load_tokenizer(config):
-    from wmrl.hf_tokenizer import load_checkpoint_tokenizer
-
+    """The checkpoint's tokenizer, parsed once per process (Qwen3's tokenizer.json is 11 MB;
+    validation, the data stage and the weight import all need it)."""
     try:
-        return load_checkpoint_tokenizer(checkpoint_dir(config))
+        return _checkpoint_tokenizer(os.path.abspath(checkpoint_dir(config)))
     except (OSError, ValueError, ImportError) as e:
         raise ConfigError("config.pretrained.checkpoint", f"cannot load its tokenizer: {e}") from e
+
+
+@functools.lru_cache(maxsize=4)
+def _checkpoint_tokenizer(path: str):
+    from wmrl.hf_tokenizer import load_checkpoint_tokenizer
+
+    return load_checkpoint_tokenizer(path)
 
 
 def validate(config, max_len: int) -> None:
@@ -146,10 +154,11 @@ def load_params(config, cfg: TransformerConfig, mesh) -> dict:
     """The checkpoint's weights as our parameter tree, each shard placed on its devices."""
     from wmrl.models.hf_import import load_hf_checkpoint
 
+    tokenizer_vocab = load_tokenizer(config).vocab_size
     try:
         loaded, params = load_hf_checkpoint(
             checkpoint_dir(config), mesh, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-            max_len=cfg.max_len,
+            max_len=cfg.max_len, tokenizer_vocab_size=tokenizer_vocab,
         )  # fmt: skip
     except ValueError as e:
         raise ConfigError("config.pretrained.checkpoint", str(e)) from e
