@@ -96,6 +96,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.group_size = 4  # G samples per task
     c.rl.batch_size = 0  # trajectories per step; 0 = tasks_per_step * group_size
     c.rl.num_micro_batches = 1  # policy update in this many gradient-accumulation chunks
+    # Anchor groups of step t execute while step t+1 generates and trains; step t+1 trains on
+    # them (one update old: the PPO ratio against their sampling log-probs corrects for it).
+    # 0 = wait for them in their own step. Modes with a WM stream only; `real` is synchronous.
+    c.rl.anchor_lag = 1
     c.rl.learning_rate = 2e-4
     c.rl.clip_eps = 0.2
     c.rl.kl_coef = 0.05
@@ -107,6 +111,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.normalize_std = False
     c.rl.baseline = "mean"  # or "rloo"
     c.rl.eval_every = 5
+    # Also evaluate whenever training wall-clock passes a multiple of this (0 = off); the
+    # speedup benchmark evaluates every mode at the same wall-clock points with it.
+    c.rl.eval_every_s = 0.0
     c.rl.eval_samples = 8  # k scripts per held-out task
     c.rl.checkpoint_every = 5
     c.rl.keep_checkpoints = 3

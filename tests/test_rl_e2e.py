@@ -26,14 +26,22 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("mode", ["real", "wm_only", "debias_only", "denoise_only", "wmrl"])
-def test_mode_end_to_end(mode, rl_shared, tmp_path):
+MODES = ["real", "wm_only", "debias_only", "denoise_only", "wmrl"]
+
+
+@pytest.mark.parametrize(
+    "mode,lag", [(m, 1) for m in MODES] + [("wmrl", 0)], ids=[*MODES, "wmrl-lag0"]
+)
+def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
     data_dir, init_dir = rl_shared
     wd = tmp_path / mode
-    summary = run(tiny_config(data_dir, init_dir, mode=mode), wd, progress=False)
+    summary = run(
+        tiny_config(data_dir, init_dir, mode=mode, rl__anchor_lag=lag), wd, progress=False
+    )
     # B = 2 groups of G = 2 per step, 2 steps; the non-real modes anchor 1 group per step.
     B, G, steps = 2, 2, 2
     anchors_per_step = B if mode == "real" else 1
+    lagged = mode != "real" and lag == 1  # `real` is synchronous GRPO whatever anchor_lag says
     for key in SUMMARY_KEYS:
         assert key in summary
     assert summary["steps"] == steps
@@ -48,12 +56,21 @@ def test_mode_end_to_end(mode, rl_shared, tmp_path):
     for r in step_recs:
         assert set(STEP_KEYS) <= set(r)
         assert r["anchor_fraction"] == anchors_per_step / B
+    # Which step's anchor outcomes each step trained on: its own, or (lagged) the previous
+    # step's, none in the first step.
+    expected_from = [None, 1] if lagged else [1, 2]
+    assert [r["anchor_outcomes_from_step"] for r in step_recs] == expected_from
+    if lagged:
+        assert step_recs[0]["wm_rank_corr"] is None and step_recs[0]["anchor_status"] == {}
     assert all("heldout_reward" in r for r in evals)
-    # The journal holds every real execution once; pairs carry exactly its rewards.
+    # The journal holds every real execution once; pairs carry exactly its rewards. With the
+    # lag, the last step's anchors are executed (and counted) but never trained on.
     journal = read_jsonl(wd / "anchors.jsonl")
     assert len(journal) == summary["real_executions"]
     assert len({(j["step"], j["row"]) for j in journal}) == len(journal)
-    real = {(j["step"] + 1, j["row"]): j["reward"] for j in journal if j["reward"] is not None}
+    trained = [j for j in journal if not (lagged and j["step"] == steps - 1)]
+    assert len(trained) == (steps - lagged) * anchors_per_step * G
+    real = {(j["step"] + 1, j["row"]): j["reward"] for j in trained if j["reward"] is not None}
     pairs = read_jsonl(wd / "pairs.jsonl")
     assert {(p["step"], p["row"]) for p in pairs} == set(real)
     for p in pairs:
@@ -67,13 +84,15 @@ def test_mode_end_to_end(mode, rl_shared, tmp_path):
     tree, meta = ckpt.read_raw()
     ckpt.close()
     assert meta["step"] == steps and meta["data_iterator"]["next_step"] == steps
+    # The pending anchors in the checkpoint: the last step's (lagged), else none.
+    assert int(tree["pending"]["step"]) == (steps - 1 if lagged else -1)
     replay = tree["replay"]
     n = int(replay["count"])
     if mode == "real":
         assert n == 0  # standard GRPO has no world model to train
     else:
-        # The WM's online data are exactly the graded real outcomes of the anchors.
-        graded = sorted(j["reward"] for j in journal if j["status"] != int(Status.UNGRADED))
+        # The WM's online data are exactly the graded real outcomes it was given.
+        graded = sorted(j["reward"] for j in trained if j["status"] != int(Status.UNGRADED))
         assert n == len(graded)
         np.testing.assert_allclose(sorted(np.asarray(replay["target"])[:n]), graded, atol=1e-6)
 
@@ -107,10 +126,76 @@ def test_warmup_compiles_every_step_function(rl_shared, tmp_path):
             "decode": sampler.decode,
         }
         sizes = {name: f._cache_size() for name, f in fns.items()}
-        st, metrics, _ = trainer.run_step(st)
-        assert metrics["real_executions_step"] == 2  # the step really ran (1 anchor group)
+        for _ in range(2):  # the second step trains on the first one's anchors (anchor_lag)
+            st, metrics, _ = trainer.run_step(st)
+            assert metrics["real_executions_step"] == 2  # the step really ran (1 anchor group)
         assert st.replay.count > 0  # ... and fed the WM's online update
         assert {name: f._cache_size() for name, f in fns.items()} == sizes
+    finally:
+        trainer.journal.close()
+        pool.close()
+
+
+def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
+    """With `rl.anchor_lag = 1` step 2's batch holds, in its anchor positions, step 1's anchor
+    rows exactly as sampled (tokens, sampling log-probs) with advantages from their real
+    rewards; step 1 masks those positions out. A trainer that lost the in-flight executions
+    (a restart) executes the pending rows again."""
+    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.rl.experiment import prepare_stages
+    from wmrl.rl.trainer import Trainer
+
+    data_dir, init_dir = rl_shared
+    config = tiny_config(data_dir, init_dir, mode="wmrl", rl__anchor_lag=1)
+    assert not config.rl.normalize_std and config.rl.baseline == "mean"  # Dr.GRPO, below
+    s = prepare_stages(config, tmp_path, progress=False)
+    pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s)
+    trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, tmp_path)
+    batches = []
+    try:
+        st = trainer.initial_state(s.policy_params, s.wm_params)
+        trainer.warmup(st)
+        step_fn = trainer._policy_step
+
+        def spy(state, batch):
+            batches.append(batch)
+            return step_fn(state, batch)
+
+        trainer._policy_step = spy
+        st1, m1, pairs1 = trainer.run_step(st)
+        first = st1.pending
+        assert first.step == 0 and pairs1 == [] and m1["anchor_outcomes_from_step"] is None
+        np.testing.assert_array_equal(batches[0]["loss_mask"][first.rows], 0.0)
+        assert batches[0]["loss_mask"].sum() > 0  # the WM groups do train
+        st2, m2, pairs2 = trainer.run_step(st1)
+        b, pos = batches[1], st2.pending.rows  # step 2 put step 1's anchors where its own are
+        np.testing.assert_array_equal(b["tokens"][pos], first.tokens)
+        np.testing.assert_array_equal(b["old_logp"][pos], first.old_logp)
+        np.testing.assert_allclose(b["ref_logp"][pos], first.ref_logp * first.loss_mask)
+        rec = {j["row"]: j for j in read_jsonl(tmp_path / "anchors.jsonl") if j["step"] == 0}
+        assert sorted(rec) == sorted(first.rows.tolist())
+        G = config.rl.group_size
+        r = np.array([rec[int(i)]["reward"] or 0.0 for i in first.rows]).reshape(-1, G)
+        ok = np.array([rec[int(i)]["status"] != int(Status.UNGRADED) for i in first.rows])
+        ok = ok.reshape(-1, G)
+        mean = (r * ok).sum(1, keepdims=True) / np.maximum(ok.sum(1, keepdims=True), 1)
+        expected = np.where(ok & (ok.sum(1, keepdims=True) >= 2), r - mean, 0.0)
+        expected *= m2["anchor_weight"]
+        np.testing.assert_allclose(b["advantages"][pos], expected.reshape(-1), atol=1e-5)
+        assert m2["anchor_outcomes_from_step"] == 1
+        assert {(p["step"], p["row"]) for p in pairs2} == {
+            (1, int(i)) for i in first.rows if rec[int(i)]["status"] != int(Status.UNGRADED)
+        }
+        by_row = dict(zip(first.rows.tolist(), first.r_wm.tolist(), strict=True))
+        for p in pairs2:  # the WM score they were given when sampled
+            assert p["r_wm"] == pytest.approx(by_row[p["row"]])
+
+        # A restart loses the in-flight futures: the pending rows are submitted again.
+        trainer._inflight = None
+        _, m3, _ = trainer.run_step(st2)
+        assert m3["anchor_outcomes_from_step"] == 2
+        again = [j for j in read_jsonl(tmp_path / "anchors.jsonl") if j["step"] == 1]
+        assert sorted(j["row"] for j in again) == sorted(st2.pending.rows.tolist())
     finally:
         trainer.journal.close()
         pool.close()

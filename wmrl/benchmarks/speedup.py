@@ -16,9 +16,12 @@ so rerunning the same command finishes an interrupted benchmark; delete DIR/<mod
 mode. A mode directory that holds a run with a different config is refused.
 
 `--budget_s` gives every mode the same RL wall-clock budget (`rl.max_wall_time_s`) and, unless
-`--steps` is given, lifts the step limit so that the budget alone ends each run. Without it,
-each mode runs `rl.steps` (or `--steps`). Wall-clock is RL training time as `wmrl.rl` measures
-it (evaluations and checkpoint writes excluded; the first steps include XLA compilation).
+`--steps` is given, lifts the step limit so that the budget alone ends each run; every mode is
+then evaluated at the same training wall-clock points, every `rl.eval_every_s` seconds
+(default budget / 8) instead of every `rl.eval_every` steps, plus at the end. Without it,
+each mode runs `rl.steps` (or `--steps`), evaluated by step count. Wall-clock is RL training
+time as `wmrl.rl` measures it (evaluations and checkpoint writes excluded, XLA compilation
+done before the clock starts).
 
 Writes `--out` (default DIR/speedup.json), DIR/speedup.png (held-out reward vs training
 wall-clock and vs real executions) and prints a table. The figures are defined next to the
@@ -47,14 +50,15 @@ MODES = ("real", "wmrl")
 ABLATIONS = ("wm_only", "debias_only", "denoise_only")
 ALL_MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
 UNLIMITED_STEPS = 10**9  # the step limit under a wall-clock budget (the budget ends the run)
+EVALS_PER_BUDGET = 8  # under a budget, held-out evaluations every budget / 8 s of training
 
 # Config fields copied into the JSON (`config`).
 CONFIG_KEYS = (
     "seed", "routing", "target_reward", "suite.tasks", "suite.workers", "suite.time_limit_s",
     "rl.steps", "rl.max_wall_time_s", "rl.tasks_per_step", "rl.group_size", "rl.batch_size",
-    "rl.eval_every", "rl.eval_samples", "correction.rho", "correction.min_groups",
-    "correction.uncertainty_share", "policy.d_model", "policy.num_layers", "wm.d_model",
-    "wm.num_layers", "wm.num_members", "data.max_prompt_len", "data.max_new_tokens",
+    "rl.eval_every", "rl.eval_every_s", "rl.eval_samples", "rl.anchor_lag", "correction.rho",
+    "correction.min_groups", "correction.uncertainty_share", "policy.d_model", "policy.num_layers",
+    "wm.d_model", "wm.num_layers", "wm.num_members", "data.max_prompt_len", "data.max_new_tokens",
 )  # fmt: skip
 
 
@@ -231,6 +235,11 @@ def shared_config(config, workdir: str | os.PathLike, budget_s: float | None = N
     if budget_s:
         c.rl.max_wall_time_s = float(budget_s)
         c.rl.steps = UNLIMITED_STEPS
+        # Evaluate every mode at the same wall-clock points (a step-count cadence would give
+        # the faster mode more, and the slower one coarser, evaluations).
+        if not c.rl.get("eval_every_s", 0.0):
+            c.rl.eval_every_s = float(budget_s) / EVALS_PER_BUDGET
+        c.rl.eval_every = UNLIMITED_STEPS
     if steps:
         c.rl.steps = int(steps)
     return c

@@ -4,7 +4,9 @@ One checkpoint (a step directory of `<workdir>/checkpoints`) holds, as one Orbax
 
 * `state`: policy and WM train states (params + optimiser states), the frozen reference
   policy, the correction state (pair window, fitted map, disagreement EMA, frozen scale),
-  the WM replay buffer of real outcomes, and the base RNG key;
+  the WM replay buffer of real outcomes, the pending anchors (`rl.anchor_lag`: the last
+  step's anchor rows, not yet trained on; resubmitted on resume, journal hits reused), and
+  the base RNG key;
 * `meta` (JSON): step, wall-clock so far, counters of real executions and WM calls, the
   evaluation history, and the data iterator's position (tasks of step s are a pure
   function of `(seed, s)`, so the position is the step).
@@ -37,7 +39,7 @@ from etils import epath
 from wmrl import distributed, storage
 from wmrl.core.state import CorrectionState
 from wmrl.rl.models import abstract_like
-from wmrl.rl.trainer import Replay, RunState
+from wmrl.rl.trainer import Pending, Replay, RunState
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ def _tree(st: RunState, key) -> dict:
         "wm": st.wm,
         "correction": st.correction,
         "replay": st.replay.to_tree(),
+        "pending": _pending_tree(st),
         "rng": jax.random.key_data(key),
     }
     if jax.process_count() > 1:
@@ -57,6 +60,15 @@ def _tree(st: RunState, key) -> dict:
         local = lambda x: isinstance(x, jax.Array) and x.is_fully_addressable
         tree = jax.tree.map(lambda x: np.asarray(x) if local(x) else x, tree)
     return tree
+
+
+def _pending_tree(st: RunState) -> dict:
+    """The anchors pending at the save (`rl.anchor_lag`), in a layout that does not depend
+    on whether any are: one restore template fits every checkpoint of a run."""
+    if st.pending is not None:
+        return st.pending.to_tree()
+    n_rows, width = st.pending_shape
+    return Pending.empty_tree(n_rows, width)
 
 
 def _meta(st: RunState, seed: int) -> dict:
@@ -127,6 +139,8 @@ class Checkpointer:
                 wm=tree["wm"],
                 correction=_as_correction(tree["correction"], like.correction),
                 replay=Replay.from_tree(jax.tree.map(np.asarray, tree["replay"])),
+                pending=Pending.from_tree(jax.tree.map(np.asarray, tree["pending"])),
+                pending_shape=like.pending_shape,
                 wall_time_s=float(meta["wall_time_s"]),
                 real_executions=int(meta["real_executions"]),
                 wm_calls=int(meta["wm_calls"]),

@@ -44,7 +44,8 @@ MODE_SPECS = {
 # Fields that may change between a run and its resumption (they do not change what a
 # completed step computed). Everything else must match the saved config.json.
 RESUMABLE_FIELDS = (
-    "rl.steps", "rl.max_wall_time_s", "rl.eval_every", "rl.checkpoint_every", "rl.keep_checkpoints",
+    "rl.steps", "rl.max_wall_time_s", "rl.eval_every", "rl.eval_every_s", "rl.checkpoint_every",
+    "rl.keep_checkpoints",
 )  # fmt: skip
 
 
@@ -114,6 +115,15 @@ def validate_autoresearch_config(config) -> None:
         )
     if config.rl.eval_samples < 1:
         raise ConfigError("config.rl.eval_samples", "must be >= 1")
+    if "eval_every_s" in config.rl:
+        _positive(config, "rl.eval_every_s", 0)
+    lag = config.rl.get("anchor_lag", 0)
+    if lag not in (0, 1) or isinstance(lag, bool):
+        raise ConfigError(
+            "config.rl.anchor_lag",
+            f"must be 0 (anchors trained on in the step that sampled them) or 1 (one step "
+            f"later, executing meanwhile), got {lag!r}",
+        )
     micro = config.rl.get("num_micro_batches", 1)
     rows = groups_per_step(config) * config.rl.group_size
     if not isinstance(micro, int) or micro < 1 or rows % micro:

@@ -243,11 +243,15 @@ def run(
             log.write("metrics.jsonl", [{"kind": "step", **metrics}])
             log.write("pairs.jsonl", pairs)
             last = st.step == steps or out_of_time()
-            if st.step % config.rl.eval_every == 0 or last:
-                ev = trainer.evaluate(st)
+            do_eval = st.step % config.rl.eval_every == 0 or last or _eval_due_s(config, st)
+            do_save = st.step % config.rl.checkpoint_every == 0 or last
+            if do_eval or do_save:  # untimed work: background anchors finish first, timed
+                st, drain_s = trainer.drain(st)
+            if do_eval:
+                ev = {**trainer.evaluate(st), "anchor_drain_s": drain_s}
                 st.evals.append(ev)
                 log.write("metrics.jsonl", [{"kind": "eval", **ev}])
-            if st.step % config.rl.checkpoint_every == 0 or last:
+            if do_save:
                 log.flush()
                 ckpt.save(st, trainer.key, config.seed)
             bar.update((_bar_time(st, budget) if budget else st.step) - bar.n)
@@ -274,6 +278,16 @@ def run(
         )
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _eval_due_s(config, st) -> bool:
+    """Whether training wall-clock passed a multiple of `rl.eval_every_s` since the last
+    evaluation (0 = evaluations by step count only): modes whose steps take different times
+    are then evaluated at the same wall-clock points (the speedup benchmark)."""
+    every = config.rl.get("eval_every_s", 0.0)
+    if not every:
+        return False
+    return st.wall_time_s // every > st.evals[-1]["wall_time_s"] // every
 
 
 def _progress_bar(config, st, steps: int, budget: float, progress: bool) -> tqdm:

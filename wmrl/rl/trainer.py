@@ -46,7 +46,7 @@ from wmrl import distributed
 from wmrl.core import debias as debias_lib
 from wmrl.core import denoise as denoise_lib
 from wmrl.core.grpo import apply_anchor_weight, group_advantages
-from wmrl.core.routing import route_anchors
+from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import CorrectionState, init_correction_state
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.jsonl import JsonlWriter, read_jsonl
@@ -106,6 +106,47 @@ class Replay:
         return cls(**arrays, count=int(tree["count"]), next=int(tree["next"]))
 
 
+TOKEN_ARRAYS = ("tokens", "input_mask", "loss_mask", "old_logp")  # per-token rows of a batch
+PENDING_ARRAYS = ("rows", *TOKEN_ARRAYS, "ref_logp", "r_wm")
+
+
+@dataclasses.dataclass
+class Pending:
+    """The anchor rows of step `step` (0-based), submitted for execution and not yet trained
+    on (`rl.anchor_lag = 1`): what the next step needs to train on them once their outcomes
+    are in. `rows` are their row indices in step `step`'s batch (the journal's keys); the
+    tasks are a pure function of the step (`Trainer._tasks_for_step`) and the scripts decode
+    from the tokens, so a resumed run resubmits them (journal hits are not executed again)."""
+
+    step: int
+    rows: np.ndarray  # [A*G] int64
+    tokens: np.ndarray  # [A*G, L] and the other per-token arrays of the step's batch
+    input_mask: np.ndarray
+    loss_mask: np.ndarray
+    old_logp: np.ndarray
+    ref_logp: np.ndarray
+    r_wm: np.ndarray  # [A*G] raw WM scores at generation time (the pairs' r_wm)
+
+    def to_tree(self) -> dict:
+        return {"step": np.int64(self.step), **{k: getattr(self, k) for k in PENDING_ARRAYS}}
+
+    @classmethod
+    def empty_tree(cls, n: int, width: int) -> dict:
+        """The checkpoint layout with nothing pending (`step` = -1): a fixed tree structure
+        whatever the state, so one restore template fits every checkpoint of a run."""
+        f = lambda dtype: np.zeros((n, width), dtype)
+        return {"step": np.int64(-1), "rows": np.zeros(n, np.int64), "tokens": f(np.int32),
+                "input_mask": f(bool), "loss_mask": f(np.float32), "old_logp": f(np.float32),
+                "ref_logp": f(np.float32), "r_wm": np.zeros(n, np.float32)}  # fmt: skip
+
+    @classmethod
+    def from_tree(cls, tree: dict) -> Pending | None:
+        step = int(tree["step"])
+        if step < 0:
+            return None
+        return cls(step=step, **{k: np.asarray(tree[k]) for k in PENDING_ARRAYS})
+
+
 @dataclasses.dataclass
 class RunState:
     """Everything that changes during RL (checkpointed as one unit)."""
@@ -120,6 +161,10 @@ class RunState:
     real_executions: int = 0
     wm_calls: int = 0
     evals: list = dataclasses.field(default_factory=list)  # [{"step", "wall_time_s", ...}]
+    # With `rl.anchor_lag = 1`: the anchor rows of the last step, executing while the next
+    # step generates; that step trains on them (`Pending`). None when nothing is pending.
+    pending: Pending | None = None
+    pending_shape: tuple = (1, 1)  # (rows, width) of a Pending: the checkpoint layout
 
 
 def _sha(text: str) -> str:
@@ -288,6 +333,11 @@ class Trainer:
         self._policy_step = None
         self._wm_step = None
         self.journal = open_journal(workdir)
+        # Anchor rows one step behind (rl.anchor_lag): only where a WM stream scores the
+        # rest; `real` executes every group and stays synchronous GRPO.
+        self.lag = int(config.rl.get("anchor_lag", 0)) if self.spec.uses_wm else 0
+        self._inflight = None  # the previous step's submitted anchors (see `drain`)
+        self.num_anchor_rows = int(num_anchor_groups(self.B, self.B, self.routing)) * self.G
         self._correct = jax.jit(
             functools.partial(
                 correct_rewards, group_size=self.G, spec=self.spec, debias_cfg=self.debias_cfg,
@@ -309,6 +359,7 @@ class Trainer:
             wm=self.wm.new_state(wm_params, self.wm.tx),
             correction=init_correction_state(self.debias_cfg),
             replay=Replay.empty(self.config.wm.replay_size, self.max_len),
+            pending_shape=(max(self.num_anchor_rows, 1), self.max_len),
         )
 
     def warmup(self, st: RunState) -> float:
@@ -383,43 +434,57 @@ class Trainer:
                 [np.zeros((len(comp), self.P), np.float32), logp * cmask], axis=1
             ),
         }
-        scripts = [self.tok.decode(row[m]) for row, m in zip(comp, cmask, strict=True)]
-        return rows, scripts
+        return rows, self._decode(comp, cmask)
 
-    def _execute(self, step, rows_tasks, scripts, indices, owner):
-        """Submit this process's share of the given rows (those with `owner[row]` = this
-        process) to its own pool; journal hits are reused. Returns {row: future-or-record}."""
-        pending = {}
+    def _decode(self, comp: np.ndarray, cmask: np.ndarray) -> list[str]:
+        """The scripts of completions `[n, N]` (tokens where `cmask`)."""
+        return [self.tok.decode(row[m.astype(bool)]) for row, m in zip(comp, cmask, strict=True)]
+
+    def _submit(self, step: int, rows, tasks, scripts) -> dict:
+        """Submit this process's share of the given anchor rows of `step` (row k goes to the
+        process `round_robin_owners(n)[k]`) to its own pool; journal hits are reused.
+        `rows` are the rows' indices in the step's batch (the journal's keys); `tasks` and
+        `scripts` are parallel to them. Returns {k: future or journal record}."""
+        owner = distributed.round_robin_owners(len(rows))
         me = jax.process_index()
-        for i in indices:
-            if owner[i] != me:
+        pending = {}
+        for k, row in enumerate(rows):
+            if owner[k] != me:
                 continue
-            hit = self.journal.lookup(step, int(i), scripts[i])
-            pending[int(i)] = (
-                hit if hit is not None else self.pool.submit(rows_tasks[i], scripts[i])
-            )
+            hit = self.journal.lookup(step, int(row), scripts[k])
+            pending[k] = hit if hit is not None else self.pool.submit(tasks[k], scripts[k])
         return pending
 
-    def _collect(self, step, pending, rows_tasks, scripts, owner):
-        """Wait for this process's executions (journalling each), then merge every process's
+    def _resolve(self, step: int, pending: dict, rows, tasks, scripts) -> int:
+        """Wait for this process's executions in `pending`, journalling each as it completes
+        and replacing its future by the record (in place); returns how many were new."""
+        new = 0
+        for k, item in pending.items():
+            if isinstance(item, dict):
+                continue
+            res = item.result()
+            reward = None if math.isnan(res.reward) else res.reward
+            pending[k] = self.journal.record(
+                step, int(rows[k]), scripts[k], tasks[k].id, res.status, reward
+            )
+            new += 1
+        return new
+
+    def _collect(self, step: int, pending: dict, rows, tasks, scripts, resolved_new: int = 0):
+        """Wait for this process's executions (`_resolve`), then merge every process's
         outcomes: (r_env [n], status [n], executions not taken from a journal), the same on
-        every process."""
-        n = len(owner)
+        every process. `resolved_new` counts those an earlier `_resolve` already waited for."""
+        n = len(rows)
+        new = self._resolve(step, pending, rows, tasks, scripts) + resolved_new
         r_env = np.zeros(n, np.float32)
         status = np.full(n, int(Status.UNGRADED), np.int32)
-        new = np.zeros(n, bool)
-        for i, item in pending.items():
-            if isinstance(item, dict):
-                rec = item
-            else:
-                res = item.result()
-                reward = None if math.isnan(res.reward) else res.reward
-                rec = self.journal.record(step, i, scripts[i], rows_tasks[i].id, res.status, reward)
-                new[i] = True
-            status[i] = rec["status"]
-            r_env[i] = 0.0 if rec["reward"] is None else rec["reward"]
-        out = distributed.merge_from_owners({"r_env": r_env, "status": status, "new": new}, owner)
-        return out["r_env"], out["status"], int(out["new"].sum())
+        for k, rec in pending.items():
+            status[k] = rec["status"]
+            r_env[k] = 0.0 if rec["reward"] is None else rec["reward"]
+        owner = distributed.round_robin_owners(n)
+        out = distributed.merge_from_owners({"r_env": r_env, "status": status}, owner)
+        new = int(distributed.allgather_host(np.int64(new)).sum())
+        return out["r_env"], out["status"], new
 
     def _wm_scores(self, params, rows) -> dict:
         out = self.wm_score(params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]))
@@ -428,7 +493,14 @@ class Trainer:
     # -- one RL step ---------------------------------------------------------------------
 
     def run_step(self, st: RunState) -> tuple[RunState, dict, list[dict]]:
-        """One RL step; returns the new state, the step's metrics and its anchor pairs."""
+        """One RL step; returns the new state, the step's metrics and its anchor pairs.
+
+        With `rl.anchor_lag = 1` (modes with a WM stream) the step's anchor rows execute in
+        the background and the step trains on the previous step's anchor rows in their place
+        (same group positions, so every shape and the correction maths are unchanged): their
+        real outcomes, generation-time log-probs and WM scores. The first step has none and
+        masks those positions out.
+        """
         cfg, B, G, step = self.config, self.B, self.G, st.step
         t_step = time.monotonic()
         key = jax.random.fold_in(self.key, step)
@@ -452,10 +524,10 @@ class Trainer:
         is_anchor = np.asarray(is_anchor)
         anchor_rows = np.repeat(is_anchor, G)
         anchor_idx = np.nonzero(anchor_rows)[0]
-        owner = np.zeros(B * G, np.int64)  # the process that executes each anchor row
-        owner[anchor_idx] = distributed.round_robin_owners(len(anchor_idx))
+        a_tasks = [row_tasks[i] for i in anchor_idx]
+        a_scripts = [scripts[i] for i in anchor_idx]
         t_exec = time.monotonic()
-        pending = self._execute(step, row_tasks, scripts, anchor_idx, owner)
+        pending = self._submit(step, anchor_idx, a_tasks, a_scripts)
         # While the anchors execute: WM scores and the reference policy's log-probs.
         if self.spec.uses_wm and wm_out is None:
             t0 = time.monotonic()
@@ -468,13 +540,49 @@ class Trainer:
             )
         )
         train_s = time.monotonic() - t0
-        r_env, status, new_execs = self._collect(step, pending, row_tasks, scripts, owner)
-        # Every anchor outcome the step trains on was paid for by a real execution (once, by
-        # one process): those taken from a journal (a step redone after preemption) were
-        # executed before the restart.
-        n_execs = len(anchor_idx)
-        execute_s = time.monotonic() - t_exec
         r_wm = wm_out["score"] if wm_out is not None else np.zeros(B * G, np.float32)
+
+        # The anchor outcomes this step trains on, in the anchor positions: this step's own
+        # (anchor_lag 0) or the previous step's (anchor_lag 1).
+        r_env = np.zeros(B * G, np.float32)
+        status = np.full(B * G, int(Status.UNGRADED), np.int32)
+        origin = [(step, i) for i in range(B * G)]  # (step, row) each position trains on
+        trained_tasks = list(row_tasks)
+        new_pending, n_collected, new_execs = None, len(anchor_idx), 0
+        if not self.lag or not len(anchor_idx):
+            r_env[anchor_idx], status[anchor_idx], new_execs = self._collect(
+                step, pending, anchor_idx, a_tasks, a_scripts
+            )
+            execute_s = anchor_wait_s = time.monotonic() - t_exec
+        else:
+            new_pending = Pending(
+                step=step, rows=anchor_idx.astype(np.int64), ref_logp=ref_logp[anchor_idx],
+                r_wm=np.asarray(r_wm, np.float32)[anchor_idx],
+                **{k: rows[k][anchor_idx] for k in TOKEN_ARRAYS},
+            )  # fmt: skip
+            prev = st.pending
+            t0 = time.monotonic()
+            if prev is None:  # nothing executed yet: these positions train on nothing
+                rows["loss_mask"][anchor_idx] = 0.0
+                n_collected = 0
+            else:
+                r_env[anchor_idx], status[anchor_idx], new_execs = self._collect_pending(prev)
+                for k in TOKEN_ARRAYS:
+                    rows[k][anchor_idx] = getattr(prev, k)
+                ref_logp = np.array(ref_logp)  # a writable copy
+                ref_logp[anchor_idx] = prev.ref_logp
+                r_wm = np.array(r_wm, np.float32)
+                r_wm[anchor_idx] = prev.r_wm
+                for i, row, task in zip(
+                    anchor_idx, prev.rows, self._tasks_for_rows(prev.step, prev.rows), strict=True
+                ):
+                    origin[i], trained_tasks[i] = (prev.step, int(row)), task
+            anchor_wait_s = time.monotonic() - t0
+            execute_s = time.monotonic() - t_exec
+            self._inflight = {
+                "step": step, "pending": pending, "rows": new_pending.rows, "tasks": a_tasks,
+                "scripts": a_scripts, "resolved_new": 0,
+            }  # fmt: skip
 
         t0 = time.monotonic()
         env_valid = anchor_rows & (status != int(Status.UNGRADED))
@@ -494,24 +602,30 @@ class Trainer:
         wm = st.wm
         replay = st.replay
         if self.spec.uses_wm:  # the WM learns only from real outcomes
-            idx = np.nonzero(anchor_rows)[0]
-            replay.add({k: rows[k][idx] for k in ("tokens", "input_mask")}, r_env[idx], status[idx])
+            replay.add(
+                {k: rows[k][anchor_idx] for k in ("tokens", "input_mask")},
+                r_env[anchor_idx],
+                status[anchor_idx],
+            )
             wm = self._wm_online(wm, replay, step)
         jax.block_until_ready((policy, wm))
         train_s += time.monotonic() - t0
 
-        n_anchor = int(anchor_rows.sum())
-        counts = Counter(Status(int(s)).name for s in status[anchor_rows])
+        n_anchor = len(anchor_idx)
+        counts = Counter(Status(int(s)).name for s in status[anchor_idx] if n_collected)
         metrics = {
             "step": step + 1,
             "generate_s": generate_s,
             "execute_s": execute_s,
+            "anchor_wait_s": anchor_wait_s,
             "wm_score_s": wm_s,
             "train_s": train_s,
             "anchor_fraction": n_anchor / (B * G),
             "anchor_groups_uncertainty": int((np.asarray(picked_by) == 2).sum()),
-            "real_executions_step": n_execs,
-            "reused_from_journal": n_execs - new_execs,
+            # Executions submitted this step (with anchor_lag they finish during the next).
+            "real_executions_step": n_anchor,
+            "anchor_outcomes_from_step": (origin[anchor_idx[0]][0] + 1) if n_collected else None,
+            "reused_from_journal": n_collected - new_execs,
             "mean_script_tokens": float(rows["loss_mask"].sum() / (B * G)),
             "anchor_status": dict(counts),
             "policy_kl": _mean(pmetrics, "kl"),
@@ -526,21 +640,58 @@ class Trainer:
         wall = float(distributed.allgather_host(np.float64(time.monotonic() - t_step)).max())
         new_state = dataclasses.replace(
             st, step=step + 1, policy=policy, wm=wm, correction=correction, replay=replay,
-            wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_execs,
-            wm_calls=st.wm_calls + (B * G if self.spec.uses_wm else 0),
+            wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_anchor,
+            wm_calls=st.wm_calls + (B * G if self.spec.uses_wm else 0), pending=new_pending,
         )  # fmt: skip
         metrics["wall_time_s"] = new_state.wall_time_s
         metrics["real_executions"] = new_state.real_executions
-        if not self.spec.uses_wm:  # no WM in standard GRPO: its diagnostics do not exist
-            for k in ("bias_reduction", "residual_before", "residual_after", "wm_rank_corr"):
+        anchor_diagnostics = ("bias_reduction", "residual_before", "residual_after", "wm_rank_corr")
+        if not self.spec.uses_wm or not n_collected:  # no WM, or no anchor outcome this step
+            for k in anchor_diagnostics:
                 metrics[k] = None
         cal = np.asarray(out["calibrated"])
         pairs = [
-            {"step": step + 1, "row": int(i), "task_id": row_tasks[i].id, "status": int(status[i]),
-             "r_wm": float(r_wm[i]), "r_cal": float(cal[i]), "r_env": float(r_env[i])}
+            {"step": origin[i][0] + 1, "row": origin[i][1], "task_id": trained_tasks[i].id,
+             "status": int(status[i]), "r_wm": float(r_wm[i]), "r_cal": float(cal[i]),
+             "r_env": float(r_env[i])}
             for i in np.nonzero(env_valid)[0]
         ]  # fmt: skip
         return new_state, metrics, pairs
+
+    def _tasks_for_rows(self, step: int, rows) -> list:
+        """The task of each of the given rows of step `step`'s batch (G rows per task)."""
+        tasks = self._tasks_for_step(step)
+        return [tasks[int(r) // self.G] for r in rows]
+
+    def _collect_pending(self, prev: Pending):
+        """The outcomes of the previous step's anchor rows: from the executions it submitted,
+        or, after a restart, resubmitted (those journalled before the restart are reused)."""
+        inf = self._inflight
+        if inf is not None and inf["step"] == prev.step:
+            pending, tasks, scripts = inf["pending"], inf["tasks"], inf["scripts"]
+            done = inf["resolved_new"]
+        else:
+            tasks = self._tasks_for_rows(prev.step, prev.rows)
+            scripts = self._decode(prev.tokens[:, self.P :], prev.input_mask[:, self.P :])
+            pending, done = self._submit(prev.step, prev.rows, tasks, scripts), 0
+        self._inflight = None
+        return self._collect(prev.step, pending, prev.rows, tasks, scripts, done)
+
+    def drain(self, st: RunState) -> tuple[RunState, float]:
+        """Wait for the anchors still executing (`rl.anchor_lag = 1`) and journal them; the
+        wait counts as training wall-clock. Called before untimed work (evaluation, a
+        checkpoint write), so background executions never get time the clock does not see.
+        Returns the new state and the seconds waited."""
+        inf = self._inflight
+        if inf is None or st.pending is None or inf["step"] != st.pending.step:
+            return st, 0.0
+        t0 = time.monotonic()
+        inf["resolved_new"] += self._resolve(
+            inf["step"], inf["pending"], inf["rows"], inf["tasks"], inf["scripts"]
+        )
+        self.journal.flush()
+        wait = float(distributed.allgather_host(np.float64(time.monotonic() - t0)).max())
+        return dataclasses.replace(st, wall_time_s=st.wall_time_s + wait), wait
 
     def _wm_online(self, wm: TrainState, replay: Replay, step: int) -> TrainState:
         cfg = self.config
