@@ -100,6 +100,9 @@ def get_config() -> ml_collections.ConfigDict:
     # them (one update old: the PPO ratio against their sampling log-probs corrects for it).
     # 0 = wait for them in their own step. Modes with a WM stream only; `real` is synchronous.
     c.rl.anchor_lag = 1
+    # WM-stream scripts that do not compile get MALFORMED's exact reward (0) instead of a WM
+    # score: the sandbox pool's own pre-execution check, no execution. Modes with a WM only.
+    c.rl.static_check = True
     c.rl.learning_rate = 2e-4
     c.rl.clip_eps = 0.2
     c.rl.kl_coef = 0.05

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.rl_fixtures import tiny_config
-from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.grader import Status, check_script
 from wmrl.rl.checkpoint import Checkpointer
 from wmrl.rl.experiment import run
 
@@ -75,6 +75,9 @@ def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
     assert {(p["step"], p["row"]) for p in pairs} == set(real)
     for p in pairs:
         assert p["r_env"] == pytest.approx(real[(p["step"], p["row"])])
+        # rl.static_check (WM modes): an anchor is static exactly when the pool found it
+        # MALFORMED (its pre-execution check)
+        assert p["static"] == (mode != "real" and p["status"] == int(Status.MALFORMED))
     for name in ("heldout_reward.png", "wm_calibration.png", "corrections.png"):
         assert (wd / "plots" / name).stat().st_size > 1000
     assert list((wd / "tb").glob("events.out.tfevents.*"))
@@ -162,6 +165,15 @@ def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
             return step_fn(state, batch)
 
         trainer._policy_step = spy
+        corrections = []
+        correct_fn = trainer._correct
+
+        def spy_correct(*args):
+            out = correct_fn(*args)
+            corrections.append((args, out[1]))
+            return out
+
+        trainer._correct = spy_correct
         st1, m1, pairs1 = trainer.run_step(st)
         first = st1.pending
         assert first.step == 0 and pairs1 == [] and m1["anchor_outcomes_from_step"] is None
@@ -189,6 +201,18 @@ def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
         by_row = dict(zip(first.rows.tolist(), first.r_wm.tolist(), strict=True))
         for p in pairs2:  # the WM score they were given when sampled
             assert p["r_wm"] == pytest.approx(by_row[p["row"]])
+
+        # rl.static_check: WM rows whose script does not compile (checked here on the decoded
+        # tokens) get MALFORMED's reward 0, the others their WM score.
+        P = config.data.max_prompt_len
+        for batch, (args, out) in zip(batches, corrections, strict=True):
+            anchors = np.asarray(args[4])
+            scripts = trainer._decode(batch["tokens"][:, P:], batch["input_mask"][:, P:])
+            broken = np.array([check_script(x.encode()) is not None for x in scripts])
+            np.testing.assert_array_equal(np.asarray(args[7])[~anchors], broken[~anchors])
+            rewards = np.asarray(out["rewards"])
+            np.testing.assert_array_equal(rewards[~anchors & broken], 0.0)
+            assert (rewards[~anchors & ~broken] != 0.0).all()  # WM scores (never exactly 0)
 
         # A restart loses the in-flight futures: the pending rows are submitted again.
         trainer._inflight = None

@@ -124,6 +124,10 @@ def validate_autoresearch_config(config) -> None:
             f"must be 0 (anchors trained on in the step that sampled them) or 1 (one step "
             f"later, executing meanwhile), got {lag!r}",
         )
+    if not isinstance(config.rl.get("static_check", False), bool):
+        raise ConfigError(
+            "config.rl.static_check", f"must be True or False, got {config.rl.static_check!r}"
+        )
     micro = config.rl.get("num_micro_batches", 1)
     rows = groups_per_step(config) * config.rl.group_size
     if not isinstance(micro, int) or micro < 1 or rows % micro:

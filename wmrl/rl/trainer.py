@@ -48,7 +48,8 @@ from wmrl.core import denoise as denoise_lib
 from wmrl.core.grpo import apply_anchor_weight, group_advantages
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import CorrectionState, init_correction_state
-from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.grader import Status, check_script
+from wmrl.envs.autoresearch.grader import reward as status_reward
 from wmrl.jsonl import JsonlWriter, read_jsonl
 from wmrl.models.sampler import SamplingConfig, generate
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
@@ -237,6 +238,8 @@ def correct_rewards(
     anchor_rows: jax.Array,
     anchor_groups: jax.Array,
     anchor_index: jax.Array,
+    static_mask: jax.Array | None = None,
+    static_reward: jax.Array | None = None,
     *,
     group_size: int,
     spec: rlconfig.ModeSpec,
@@ -252,17 +255,25 @@ def correct_rewards(
 
     r_wm: [N] raw WM scores (zeros in `real` mode); r_env: [N] real rewards (valid where
     `env_valid`); anchor_rows: [N] bool; anchor_groups: [B] bool; anchor_index: [A] indices of
-    the anchor groups (static count A).
+    the anchor groups (static count A). static_mask / static_reward: [N] rows whose outcome
+    the environment fixes without executing them (`rl.static_check`: a script that does not
+    compile is MALFORMED) and that reward; they take it instead of a WM score, and their
+    anchor pairs stay out of the monotone map (it calibrates the WM on what it scores).
     """
     G = group_size
     calibrated = (
         debias_lib.apply_debias(correction.debias, r_wm, None, debias_cfg) if spec.debias else r_wm
     )
-    rewards = jnp.where(anchor_rows, r_env, calibrated)
+    if static_mask is None:
+        static_mask = jnp.zeros_like(anchor_rows)
+        static_reward = jnp.zeros_like(r_wm)
+    stream = jnp.where(static_mask, static_reward, calibrated)  # the WM stream's reward
+    rewards = jnp.where(anchor_rows, r_env, stream)
     valid = jnp.where(anchor_rows, env_valid, True)
     # Anchor-group views [A, G] for the diagnostics and the stream-level statistics.
     take = lambda x: x.reshape(-1, G)[anchor_index]
-    a_raw, a_cal, a_env, a_ok = take(r_wm), take(calibrated), take(r_env), take(env_valid)
+    a_raw, a_cal, a_env, a_ok = take(r_wm), take(stream), take(r_env), take(env_valid)
+    a_learned = ~take(static_mask)  # the anchor rows the WM stream would have scored
     full = a_ok.all(axis=1)  # groups with every trajectory graded
     diag = debias_lib.bias_diagnostic(
         jnp.where(full[:, None], a_raw, 0.0).reshape(-1),
@@ -275,7 +286,7 @@ def correct_rewards(
     deb, den = correction.debias, correction.denoise
     if spec.debias:
         deb = debias_lib.update_debias(
-            deb, a_raw.reshape(-1), a_env.reshape(-1), None, ok, debias_cfg
+            deb, a_raw.reshape(-1), a_env.reshape(-1), None, ok & a_learned.reshape(-1), debias_cfg
         )
     if spec.denoise:
         den = denoise_lib.update_denoise(den, a_cal, a_env, denoise_cfg, group_mask=full)
@@ -337,6 +348,9 @@ class Trainer:
         # rest; `real` executes every group and stays synchronous GRPO.
         self.lag = int(config.rl.get("anchor_lag", 0)) if self.spec.uses_wm else 0
         self._inflight = None  # the previous step's submitted anchors (see `drain`)
+        # Scripts that do not compile get MALFORMED's exact reward, not a WM score (the check
+        # needs no execution: it is the pool's own pre-execution check).
+        self.static_check = bool(config.rl.get("static_check", False)) and self.spec.uses_wm
         self.num_anchor_rows = int(num_anchor_groups(self.B, self.B, self.routing)) * self.G
         self._correct = jax.jit(
             functools.partial(
@@ -390,6 +404,7 @@ class Trainer:
         _, out, _ = self._correct(
             st.correction, zeros, zeros, jnp.zeros(B * G, bool), jnp.asarray(anchor_rows),
             jnp.asarray(is_anchor), jnp.asarray(np.nonzero(is_anchor)[0]),
+            jnp.zeros(B * G, bool), zeros,
         )  # fmt: skip
         batch = {**rows, "ref_logp": ref_logp, "advantages": np.asarray(out["advantages"])}
         if self._policy_step is None:
@@ -586,9 +601,11 @@ class Trainer:
 
         t0 = time.monotonic()
         env_valid = anchor_rows & (status != int(Status.UNGRADED))
+        static = self._static_malformed(scripts, anchor_rows, status)
         correction, out, stats = self._correct(
             st.correction, jnp.asarray(r_wm), jnp.asarray(r_env), jnp.asarray(env_valid),
             jnp.asarray(anchor_rows), jnp.asarray(is_anchor), jnp.asarray(np.nonzero(is_anchor)[0]),
+            jnp.asarray(static), jnp.full(B * G, status_reward(Status.MALFORMED), jnp.float32),
         )  # fmt: skip
         batch = {
             **rows,
@@ -628,6 +645,7 @@ class Trainer:
             "reused_from_journal": n_collected - new_execs,
             "mean_script_tokens": float(rows["loss_mask"].sum() / (B * G)),
             "anchor_status": dict(counts),
+            "static_malformed": int((static & ~anchor_rows).sum()),
             "policy_kl": _mean(pmetrics, "kl"),
             **{k: float(v) if v.dtype != bool else bool(v) for k, v in stats.items()},
         }
@@ -653,10 +671,24 @@ class Trainer:
         pairs = [
             {"step": origin[i][0] + 1, "row": origin[i][1], "task_id": trained_tasks[i].id,
              "status": int(status[i]), "r_wm": float(r_wm[i]), "r_cal": float(cal[i]),
-             "r_env": float(r_env[i])}
+             "r_env": float(r_env[i]), "static": bool(static[i])}
             for i in np.nonzero(env_valid)[0]
         ]  # fmt: skip
         return new_state, metrics, pairs
+
+    def _static_malformed(self, scripts, anchor_rows, status) -> np.ndarray:
+        """[N] bool: the rows whose outcome is MALFORMED without executing them
+        (`rl.static_check`, modes with a WM stream): the sandbox pool's own pre-execution check
+        (`grader.check_script`: empty, not UTF-8, does not compile), run here on the WM rows'
+        scripts; anchor rows have their real status (the pool's verdict from the same check).
+        All False when the check is off."""
+        static = np.zeros(len(anchor_rows), bool)
+        if not self.static_check:
+            return static
+        for i in np.nonzero(~anchor_rows)[0]:
+            static[i] = check_script(scripts[i].encode("utf-8", "surrogatepass")) is not None
+        static[anchor_rows] = status[anchor_rows] == int(Status.MALFORMED)
+        return static
 
     def _tasks_for_rows(self, step: int, rows) -> list:
         """The task of each of the given rows of step `step`'s batch (G rows per task)."""
