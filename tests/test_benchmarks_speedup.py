@@ -53,6 +53,20 @@ def test_reward_at_equal_wall_clock():
     assert speedup.reward_at_wall_clock([ev(5.0, 0.1)], 1.0) is None
 
 
+def test_noise_robust_views_of_equal_wall_clock():
+    # Over [0, 60]: real holds 0.20 for 50 s then 0.30 for 10 s; wmrl 0.20, 0.41, 0.50 for
+    # 20 s each (its eval at 60 s starts a new segment of length 0).
+    assert speedup.time_average_reward(REAL, 60.0) == pytest.approx((50 * 0.2 + 10 * 0.3) / 60)
+    assert speedup.time_average_reward(WMRL, 60.0) == pytest.approx(
+        (20 * 0.2 + 20 * 0.41 + 20 * 0.5) / 60
+    )
+    assert speedup.time_average_reward(REAL, 0.0) is None
+    assert speedup.recent_mean_reward(REAL, 60.0) == pytest.approx(0.25)  # only two so far
+    assert speedup.recent_mean_reward(WMRL, 60.0) == pytest.approx((0.41 + 0.5 + 0.52) / 3)
+    assert speedup.recent_mean_reward([ev(0.0, None), ev(5.0, 0.3)], 10.0) == 0.3
+    assert speedup.recent_mean_reward(REAL, -1.0) is None
+
+
 def step(n, wall, execute, anchor_fraction=1.0):
     return {"step": n, "wall_time_s": wall, "execute_s": execute,
             "anchor_fraction": anchor_fraction}  # fmt: skip
@@ -115,6 +129,11 @@ def test_shared_config_budget_and_steps(tmp_path):
     assert c.rl.steps == base.rl.steps and c.rl.max_wall_time_s == 0.0
     c = speedup.shared_config(base, tmp_path, budget_s=300.0)
     assert c.rl.max_wall_time_s == 300.0 and c.rl.steps == speedup.UNLIMITED_STEPS
+    # every mode evaluated at the same wall-clock points: every 300 / 8 s, not by step count
+    assert c.rl.eval_every_s == 37.5 and c.rl.eval_every == speedup.UNLIMITED_STEPS
+    base.rl.eval_every_s = 20.0
+    assert speedup.shared_config(base, tmp_path, budget_s=300.0).rl.eval_every_s == 20.0
+    base.rl.eval_every_s = 0.0
     c = speedup.shared_config(base, tmp_path, budget_s=300.0, steps=7)
     assert c.rl.steps == 7
     assert base.data_dir == "" and base.rl.max_wall_time_s == 0.0  # the input is not changed
@@ -156,6 +175,7 @@ def test_cli_reuses_finished_runs_and_reports(tmp_path):
     assert data["final_heldout_reward"] == {"real": 0.4, "wmrl": 0.5}
     # equal wall-clock = 16 s: real's last eval at or before it is t=0 (0.2).
     assert data["heldout_reward_at_equal_wall_clock"] == {"real": 0.2, "wmrl": 0.5}
+    assert data["heldout_reward_last3_at_equal_wall_clock"]["real"] == pytest.approx(0.2)
     # per step (first dropped): real 10 s, wmrl 4 s -> 2.5x; Amdahl: 10 / (4 + 0.25*6) = 20/11.
     assert data["per_step_speedup"] == pytest.approx(2.5)
     assert data["amdahl_bound"] == pytest.approx(20 / 11)

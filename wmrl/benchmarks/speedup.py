@@ -119,6 +119,33 @@ def reward_at_equal_wall_clock(curves: dict[str, list[dict]]) -> tuple[float, di
     return t, {m: reward_at_wall_clock(c, t) for m, c in curves.items()}
 
 
+def _graded(curve: list[dict]) -> list[dict]:
+    return sorted(
+        (e for e in curve if e.get("heldout_reward") is not None), key=lambda e: e["wall_time_s"]
+    )
+
+
+def time_average_reward(curve: list[dict], t: float) -> float | None:
+    """Mean held-out reward over training wall-clock [0, t], each evaluation's reward held
+    until the next one (the area under the step curve / t): a figure that uses every
+    evaluation, so one noisy evaluation moves it little. None if t <= 0 or no evaluation."""
+    ev = [e for e in _graded(curve) if e["wall_time_s"] <= t]
+    if t <= 0 or not ev:
+        return None
+    area = 0.0
+    for e, nxt in zip(ev, [*ev[1:], None], strict=True):
+        end = t if nxt is None else nxt["wall_time_s"]
+        area += e["heldout_reward"] * (end - e["wall_time_s"])
+    return area / (t - ev[0]["wall_time_s"]) if t > ev[0]["wall_time_s"] else None
+
+
+def recent_mean_reward(curve: list[dict], t: float, k: int = 3) -> float | None:
+    """Mean of the last `k` evaluations at or before wall-clock t (fewer if there are fewer):
+    the held-out reward at t with less evaluation noise than the last evaluation alone."""
+    ev = [e["heldout_reward"] for e in _graded(curve) if e["wall_time_s"] <= t][-k:]
+    return sum(ev) / len(ev) if ev else None
+
+
 def step_times(steps: list[dict]) -> list[float]:
     """Per-step wall-clock from the cumulative `wall_time_s` of the step records."""
     steps = sorted(steps, key=lambda r: r["step"])
@@ -396,6 +423,13 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         "final_heldout_reward": per_mode("final_heldout_reward"),
         "heldout_reward_at_equal_wall_clock": at_equal,
         "equal_wall_clock_s": t_equal,
+        # Less noisy views of the same comparison (every evaluation up to t_equal counts):
+        "heldout_reward_time_average": {
+            m: time_average_reward(c, t_equal) for m, c in curves.items()
+        },
+        "heldout_reward_last3_at_equal_wall_clock": {
+            m: recent_mean_reward(c, t_equal, 3) for m, c in curves.items()
+        },
         "amdahl_bound": amd["amdahl_bound"],
         "amdahl_fraction_reached": amd["amdahl_fraction_reached"],
         "per_step_speedup": amd["per_step_speedup"],
@@ -456,6 +490,16 @@ def format_table(result: dict) -> str:
         f"held-out reward at equal wall-clock {result['equal_wall_clock_s']:.1f}s: "
         + ", ".join(
             f"{m} {_fmt(v, '.4f')}" for m, v in result["heldout_reward_at_equal_wall_clock"].items()
+        ),
+        "less noisy, over the same window: mean of the last 3 evaluations "
+        + ", ".join(
+            f"{m} {_fmt(v, '.4f')}"
+            for m, v in result.get("heldout_reward_last3_at_equal_wall_clock", {}).items()
+        )
+        + "; time-averaged held-out reward "
+        + ", ".join(
+            f"{m} {_fmt(v, '.4f')}"
+            for m, v in result.get("heldout_reward_time_average", {}).items()
         ),
         f"per-step speedup {_fmt(result['per_step_speedup'], '.2f')}x "
         f"(real {_fmt(a['real_step_s'], '.2f')}s, wmrl {_fmt(a['wmrl_step_s'], '.2f')}s per step); "
