@@ -20,7 +20,7 @@ from tests.rl_fixtures import tiny_config
 from wmrl.rl.checkpoint import Checkpointer
 from wmrl.rl.experiment import run
 
-STEP_KEYS = ("step", "real_executions_step", "reused_from_journal", "anchor_fraction",
+STEP_KEYS = ("step", "real_executions_step", "anchor_fraction", "anchor_outcomes_from_step",
              "anchor_status", "mean_script_tokens", "calibrated", "real_executions")  # fmt: skip
 CLOSE_KEYS = ("train_reward", "anchor_weight", "policy_kl", "wm_anchor_mae", "wm_rank_corr")
 
@@ -78,7 +78,8 @@ def two_processes(wd, data_dir, init_dir, mode, steps, logs):
 def assert_same_run(wd, ref_wd, ref_summary, seen, runs=1, extra_evals=()):
     """`wd` (two processes, `runs` runs; `seen` is what they returned) trained exactly like
     `ref_wd` (one process). Evaluations at `extra_evals` steps exist only in `wd`: they leave
-    the training state and its RNG streams alone."""
+    the training state and its RNG streams alone; `wd` resumed after each of them, so the
+    step after one takes the pending anchors (rl.anchor_lag) from the journal."""
     summary = json.loads((wd / "summary.json").read_text())
     for key in ("steps", "real_executions", "wm_calls", "final_heldout_reward"):
         assert summary[key] == seen[key] == ref_summary[key], key
@@ -108,6 +109,9 @@ def assert_same_run(wd, ref_wd, ref_summary, seen, runs=1, extra_evals=()):
     for r, ref in zip(records, ref_records, strict=True):
         if r["kind"] == "step":
             assert {k: r[k] for k in STEP_KEYS} == {k: ref[k] for k in STEP_KEYS}
+            assert ref["reused_from_journal"] == 0  # the uninterrupted run executed them all
+            resumed = r["step"] - 1 in extra_evals
+            assert r["reused_from_journal"] == (r["real_executions_step"] if resumed else 0)
             for k in CLOSE_KEYS:
                 if ref.get(k) is None:
                     assert r.get(k) is None, k
