@@ -106,10 +106,8 @@ def time_to_target_ratio(curves: dict[str, list[dict]], mode: str = "wmrl") -> d
 def reward_at_wall_clock(curve: list[dict], t: float) -> float | None:
     """Held-out reward of the last evaluation at or before wall-clock `t` (evaluations without
     a reward skipped); None if there is none."""
-    before = [e for e in curve if e["wall_time_s"] <= t and e.get("heldout_reward") is not None]
-    return (
-        max(reversed(before), key=lambda e: e["wall_time_s"])["heldout_reward"] if before else None
-    )
+    before = [e for e in _graded(curve) if e["wall_time_s"] <= t]
+    return before[-1]["heldout_reward"] if before else None
 
 
 def reward_at_equal_wall_clock(curves: dict[str, list[dict]]) -> tuple[float, dict]:
