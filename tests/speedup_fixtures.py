@@ -30,9 +30,13 @@ def write_finished_run(d: Path, mode, curve, walls, executes, anchor_fraction, p
     (d / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
 
 
-# The anchor pairs of the hand-written WM runs: raw scores 0.0 .. 0.9 against a real reward
-# of 0.5 (raw MAE 0.25), debiased scores all 0.45 (MAE 0.05).
-PAIRS = [{"r_wm": 0.1 * i, "r_cal": 0.45, "r_env": 0.5} for i in range(10)]
+# The anchor pairs of the hand-written WM runs (groups of 2): raw scores 0.0 .. 0.9 against a
+# real reward of 0.5 (raw MAE 0.25), debiased scores all 0.45 (MAE 0.05).
+PAIRS = [
+    {"step": 1 + i // 2, "row": i % 2, "task_id": "t", "status": 5, "r_wm": 0.1 * i,
+     "r_cal": 0.45, "r_env": 0.5, "static": False, "static_status": None}
+    for i in range(10)
+]  # fmt: skip
 
 
 def finished_benchmark(workdir: Path, modes=("real", "wmrl")) -> None:

@@ -67,6 +67,17 @@ def test_noise_robust_views_of_equal_wall_clock():
     assert speedup.recent_mean_reward(REAL, -1.0) is None
 
 
+def test_standard_error_of_the_evaluation_at_equal_wall_clock():
+    curve = [
+        {**ev(0.0, 0.2), "heldout_reward_se": 0.05},
+        {**ev(30.0, 0.4), "heldout_reward_se": 0.03},
+    ]
+    assert speedup.se_at_wall_clock(curve, 29.0) == 0.05
+    assert speedup.se_at_wall_clock(curve, 30.0) == 0.03
+    assert speedup.se_at_wall_clock(REAL, 60.0) is None  # runs from before the field
+    assert speedup.se_at_wall_clock(curve, -1.0) is None
+
+
 def step(n, wall, execute, anchor_fraction=1.0):
     return {"step": n, "wall_time_s": wall, "execute_s": execute,
             "anchor_fraction": anchor_fraction}  # fmt: skip
@@ -118,6 +129,47 @@ def test_calibration_mae_and_bins():
     # two bins over [0, 1]: [0, 0.5) holds the first two pairs, [0.5, 1] the third.
     assert cal["raw"]["score"] == pytest.approx([0.10, 0.95])
     assert cal["raw"]["real"] == pytest.approx([0.20, 0.80])
+
+
+def test_static_check_precision_and_recall_hand_numbers():
+    pair = lambda status, verdict: {"status": status, "static_status": verdict}
+    pairs = [
+        pair(1, "RUNTIME_ERROR"),
+        pair(1, "RUNTIME_ERROR"),
+        pair(2, "RUNTIME_ERROR"),  # right
+        pair(5, "RUNTIME_ERROR"),  # wrong: it ran
+        pair(1, None),
+        pair(5, None),
+        pair(0, "MALFORMED"),  # one real RUNTIME_ERROR missed
+    ]
+    steps = [{"static_runtime_error": 3, "static_malformed": 1}, {"static_runtime_error": 2}]
+    got = speedup.static_check_stats(pairs, steps)
+    assert got["flagged_runtime_error"] == 4 and got["precision"] == 3 / 4
+    assert got["anchor_runtime_errors"] == 3 and got["recall"] == 2 / 3
+    assert got["wm_rows_static_runtime_error"] == 5 and got["wm_rows_static_malformed"] == 1
+    assert speedup.static_check_stats([{"status": 5}], []) is None  # `real`: no verdicts
+
+
+def test_within_group_correlation_hand_numbers():
+    def pair(step, task, r_wm, r_env, verdict=None):
+        return {"step": step, "task_id": task, "r_wm": r_wm, "r_cal": r_wm, "r_env": r_env,
+                "static_status": verdict}  # fmt: skip
+
+    pairs = [
+        pair(1, "a", 0.5, 0.1, "RUNTIME_ERROR"), pair(1, "a", 0.6, 0.9),  # stream 0.1, 0.6
+        pair(1, "b", 0.7, 0.8), pair(1, "b", 0.3, 0.6),
+        pair(2, "a", 0.9, 0.0),  # a group of one: no within-group signal, left out
+    ]  # fmt: skip
+    got = speedup.within_group_correlation(pairs)
+    # Centred: stream (-0.25, 0.25, 0.2, -0.2), raw (-0.05, 0.05, 0.2, -0.2), real (-0.4, 0.4,
+    # 0.1, -0.1); correlation = sum(xy) / sqrt(sum(x^2) sum(y^2)).
+    assert got["groups"] == 2
+    assert got["stream"] == pytest.approx(0.24 / (0.205 * 0.34) ** 0.5)
+    assert got["raw_wm"] == pytest.approx(0.08 / (0.085 * 0.34) ** 0.5)
+    # Older runs record only `static` (then always MALFORMED, reward 0).
+    old = [{**p, "static_status": None, "static": p["static_status"] is not None} for p in pairs]
+    assert speedup.stream_reward(old[0]) == 0.0 and speedup.stream_reward(pairs[0]) == 0.1
+    assert speedup.within_group_correlation(pairs[4:])["stream"] is None
 
 
 def test_shared_config_budget_and_steps(tmp_path):

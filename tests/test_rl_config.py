@@ -28,6 +28,7 @@ def test_default_config_is_valid():
         ("suite.tasks", ("iris-species",), "config.suite.tasks"),
         ("correction.rho", 1.5, "config.correction"),
         ("rl.steps", 0, "config.rl.steps"),
+        ("rl.static_check", "lint", "config.rl.static_check"),
     ],
 )
 def test_bad_field_is_named(field, value, message):

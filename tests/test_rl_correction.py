@@ -56,7 +56,7 @@ ANCHOR_ROWS = np.repeat(ANCHOR_GROUPS, G)
 
 def run(correction, mode, env_valid=None, static=None):
     env_valid = ANCHOR_ROWS if env_valid is None else env_valid
-    static_args = () if static is None else (jnp.asarray(static), jnp.zeros(len(R_WM)))
+    static_args = () if static is None else (jnp.asarray(static >= 0), jnp.asarray(static))
     return correct_rewards(
         correction, jnp.asarray(R_WM), jnp.asarray(R_ENV), jnp.asarray(env_valid),
         jnp.asarray(ANCHOR_ROWS), jnp.asarray(ANCHOR_GROUPS), jnp.array([1]), *static_args,
@@ -77,16 +77,17 @@ def test_anchors_use_real_rewards_and_wm_groups_calibrated_scores():
 
 
 def test_static_check_rows_take_the_exact_reward_and_stay_out_of_the_map():
-    """Rows the environment fixes without executing (a script that does not compile: reward
-    0) take that reward in WM groups; an anchor row that is statically MALFORMED keeps its
-    real reward (the same 0) but is no pair for the monotone map."""
-    static = np.zeros(9, bool)
-    static[[1, 7]] = True  # WM rows of groups 0 and 2
-    static[5] = True  # an anchor row (the trainer flags those whose real status is MALFORMED)
+    """Rows the environment fixes without executing take that reward in WM groups (a script
+    that does not compile: 0; one that reads an undefined name: RUNTIME_ERROR's 0.1); an
+    anchor row that is static keeps its real reward but is no pair for the monotone map."""
+    static = np.full(9, -1.0)  # the static reward per row, -1 = none
+    static[1] = 0.0  # a WM row of group 0: MALFORMED
+    static[7] = 0.1  # a WM row of group 2: RUNTIME_ERROR
+    static[5] = 0.0  # an anchor row (the trainer flags those whose real status is MALFORMED)
     state = init_correction_state(DEBIAS)
     new, out, _ = run(state, "debias_only", static=static)
     expected = np.where(ANCHOR_ROWS, R_ENV, R_WM)  # the map is not fitted yet: identity
-    expected[[1, 7]] = 0.0
+    expected[1], expected[7] = 0.0, 0.1
     np.testing.assert_allclose(out["rewards"], expected, atol=1e-6)  # anchors keep real ones
     np.testing.assert_allclose(out["advantages"], numpy_grpo(expected, np.ones(9, bool)), atol=1e-5)
     # Pairs entering the map's window: the two non-static anchor rows (3 and 4), not row 5;

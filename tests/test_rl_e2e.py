@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.rl_fixtures import tiny_config
-from wmrl.envs.autoresearch.grader import Status, check_script
+from wmrl.envs.autoresearch.grader import Status, static_outcome
 from wmrl.rl.checkpoint import Checkpointer
 from wmrl.rl.experiment import run
 
@@ -63,6 +63,9 @@ def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
     if lagged:
         assert step_recs[0]["wm_rank_corr"] is None and step_recs[0]["anchor_status"] == {}
     assert all("heldout_reward" in r for r in evals)
+    for r in evals:  # rewards lie in [0, 1]: a sample std (ddof 1) is at most 0.5 sqrt(n/(n-1))
+        n = len(r["heldout_per_task"]) * 2 - r["heldout_ungraded"]  # rl.eval_samples = 2
+        assert n > 1 and 0.0 <= r["heldout_reward_se"] <= 0.5 / np.sqrt(n - 1) + 1e-12
     # The journal holds every real execution once; pairs carry exactly its rewards. With the
     # lag, the last step's anchors are executed (and counted) but never trained on.
     journal = read_jsonl(wd / "anchors.jsonl")
@@ -75,9 +78,17 @@ def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
     assert {(p["step"], p["row"]) for p in pairs} == set(real)
     for p in pairs:
         assert p["r_env"] == pytest.approx(real[(p["step"], p["row"])])
-        # rl.static_check (WM modes): an anchor is static exactly when the pool found it
-        # MALFORMED (its pre-execution check)
-        assert p["static"] == (mode != "real" and p["status"] == int(Status.MALFORMED))
+        # rl.static_check = "names" (WM modes): an anchor is statically MALFORMED exactly when
+        # the pool found it MALFORMED (its own pre-execution check); one flagged for reading
+        # an undefined name came back RUNTIME_ERROR (or timed out first: the same reward).
+        predicted = p["static_status"]
+        assert p["static"] == (predicted is not None)
+        if mode == "real":
+            assert predicted is None
+            continue
+        assert (predicted == "MALFORMED") == (p["status"] == int(Status.MALFORMED))
+        if predicted == "RUNTIME_ERROR":
+            assert p["status"] in (int(Status.RUNTIME_ERROR), int(Status.TIMEOUT)), p
     for name in ("heldout_reward.png", "wm_calibration.png", "corrections.png"):
         assert (wd / "plots" / name).stat().st_size > 1000
     assert list((wd / "tb").glob("events.out.tfevents.*"))
@@ -137,6 +148,36 @@ def test_warmup_compiles_every_step_function(rl_shared, tmp_path):
     finally:
         trainer.journal.close()
         pool.close()
+
+
+def test_budget_used_up_while_draining_anchors_still_ends_with_an_evaluation(
+    rl_shared, tmp_path, monkeypatch
+):
+    """Waiting for in-flight anchors before a checkpoint counts as training time; when that
+    wait uses up `rl.max_wall_time_s` the run stops there, and its last evaluation must be of
+    that final policy (a run once ended on an evaluation 5 steps old). The wait is made long
+    by adding 1000 s to what the real drain measured."""
+    import dataclasses
+
+    from wmrl.rl.trainer import Trainer
+
+    real_drain = Trainer.drain
+
+    def slow_drain(self, st):
+        st, wait = real_drain(self, st)
+        return dataclasses.replace(st, wall_time_s=st.wall_time_s + 1000.0), wait + 1000.0
+
+    monkeypatch.setattr(Trainer, "drain", slow_drain)
+    data_dir, init_dir = rl_shared
+    config = tiny_config(
+        data_dir, init_dir, mode="wmrl", rl__steps=3, rl__max_wall_time_s=500.0,
+        rl__checkpoint_every=1, rl__eval_every=10,
+    )  # fmt: skip
+    summary = run(config, tmp_path / "wd", progress=False)
+    assert summary["steps"] == 1 and summary["wall_time_s"] > 1000.0
+    last = summary["heldout_curve"][-1]
+    assert last["step"] == 1 and last["wall_time_s"] == summary["wall_time_s"]
+    assert summary["final_heldout_reward"] == last["heldout_reward"]
 
 
 def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
@@ -202,17 +243,25 @@ def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
         for p in pairs2:  # the WM score they were given when sampled
             assert p["r_wm"] == pytest.approx(by_row[p["row"]])
 
-        # rl.static_check: WM rows whose script does not compile (checked here on the decoded
-        # tokens) get MALFORMED's reward 0, the others their WM score.
+        # rl.static_check = "names": WM rows whose script (decoded here from the trained
+        # tokens) does not compile get MALFORMED's reward 0, those that read an undefined name
+        # RUNTIME_ERROR's 0.1, the others their WM score.
         P = config.data.max_prompt_len
+        assert config.rl.static_check == "names"
+        flagged = 0
         for batch, (args, out) in zip(batches, corrections, strict=True):
-            anchors = np.asarray(args[4])
+            wm_rows = ~np.asarray(args[4])
             scripts = trainer._decode(batch["tokens"][:, P:], batch["input_mask"][:, P:])
-            broken = np.array([check_script(x.encode()) is not None for x in scripts])
-            np.testing.assert_array_equal(np.asarray(args[7])[~anchors], broken[~anchors])
+            verdict = [static_outcome(x.encode()) for x in scripts]
+            expected = {None: np.nan, Status.MALFORMED: 0.0, Status.RUNTIME_ERROR: 0.1}
+            exact = np.array([expected[v and v[0]] for v in verdict])
+            known = ~np.isnan(exact)
+            np.testing.assert_array_equal(np.asarray(args[7])[wm_rows], known[wm_rows])
             rewards = np.asarray(out["rewards"])
-            np.testing.assert_array_equal(rewards[~anchors & broken], 0.0)
-            assert (rewards[~anchors & ~broken] != 0.0).all()  # WM scores (never exactly 0)
+            np.testing.assert_allclose(rewards[wm_rows & known], exact[wm_rows & known], atol=1e-7)
+            assert (rewards[wm_rows & ~known] != 0.0).all()  # WM scores (never exactly 0)
+            flagged += int((wm_rows & known).sum())
+        assert flagged > 0  # the fixture's policy writes some of both
 
         # A restart loses the in-flight futures: the pending rows are submitted again.
         trainer._inflight = None

@@ -12,7 +12,14 @@ from autoresearch_fixtures import make_tiny_task
 from sklearn import metrics as skm
 
 from wmrl.envs.autoresearch import metrics
-from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
+from wmrl.envs.autoresearch.grader import (
+    Status,
+    check_script,
+    grade_submission,
+    reward,
+    static_outcome,
+    undefined_names,
+)
 from wmrl.envs.autoresearch.task import load_task
 
 
@@ -78,6 +85,59 @@ def test_check_script():
     assert "SyntaxError" in check_script(b"def f(:\n")
     assert check_script(b"   \n") == "empty script"
     assert "null bytes" in check_script(b"x = 1\x00\n")
+
+
+BOUND_EVERY_WAY = """
+import os, numpy as np
+import sklearn.ensemble as ens
+from sklearn.svm import SVC as Classifier
+x = [v for v in range(3)] + list({k for k in (1, 2)})
+for i, (a, b) in enumerate([(1, 2)]):
+    pass
+with open(os.devnull) as fh:
+    pass
+try:
+    pass
+except ValueError as err:
+    print(err)
+def fit(data, *args, scale=1.0, **kw):
+    global seen
+    seen = data
+    return lambda q: q + scale
+class Model:
+    pass
+if (n := len(x)) > 1:
+    print(n, i, a, b, fh, fit, Model, ens, Classifier, np, __file__, __name__, len, print)
+match x:
+    case [first, *rest]:
+        print(first, rest)
+    case {"k": v, **others}:
+        print(v, others)
+"""
+
+
+def test_undefined_names_hand_cases():
+    # A forgotten import: the commonest runtime error of a small policy.
+    src = "from sklearn.svm import SVC\nm = DecisionTreeClassifier(max_depth=3)\nprint(m, SVC)\n"
+    assert undefined_names(src) == ["DecisionTreeClassifier"]
+    assert undefined_names(BOUND_EVERY_WAY) == []
+    # Every name read but bound nowhere, sorted, once each; attributes are not names.
+    assert undefined_names("y = np.zeros(3)\nprint(np.pi, z, z.shape, y)\n") == ["np", "z"]
+    # Conservative: bound anywhere counts as bound (a use before the assignment is not
+    # reported), and a star import or a script that does not parse cannot be judged.
+    assert undefined_names("print(late)\nlate = 1\n") == []
+    assert undefined_names("from numpy import *\nprint(zeros)\n") is None
+    assert undefined_names("def f(:\n") is None
+
+
+def test_static_outcome():
+    assert static_outcome(b"import os\nprint(os.sep)\n") is None
+    status, why = static_outcome(b"def f(:\n")
+    assert status == Status.MALFORMED and "SyntaxError" in why
+    status, why = static_outcome(b"m = Ridge()\nm.fit(X, y)\n")
+    assert status == Status.RUNTIME_ERROR and why == "undefined name(s): Ridge, X, y"
+    assert static_outcome(b"m = Ridge()\n", names=False) is None  # rl.static_check="compile"
+    assert static_outcome(b"   ", names=False)[0] == Status.MALFORMED
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
 
 from wmrl.envs.autoresearch import cgroups, linux, sandbox
-from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.grader import Status, static_outcome
 from wmrl.envs.autoresearch.pool import SandboxPool
 
 pytestmark = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="Linux sandbox")
@@ -98,6 +98,22 @@ def test_honest_script_is_graded_exactly(pool, task):
     expected = good_script_score(task)
     assert r.score == pytest.approx(expected)
     assert r.reward == pytest.approx(0.5 + 0.5 * r.percentile)
+
+
+def test_undefined_names_predicted_statically_fail_for_real(pool, task):
+    """What `grader.static_outcome` predicts without executing (`rl.static_check = "names"`)
+    is what the sandbox gives: a forgotten import raises NameError, a non-zero exit is
+    RUNTIME_ERROR even after the submission was written; the intact script is not flagged."""
+    forgot_import = GOOD_SCRIPT.replace("from sklearn.linear_model import LogisticRegression\n", "")
+    written_first = GOOD_SCRIPT + "print(summary_of_run)\n"  # fails after writing it
+    for script in (forgot_import, written_first):
+        predicted, why = static_outcome(script.encode())
+        assert predicted == Status.RUNTIME_ERROR, why
+        r = pool.run(task, script)
+        assert r.status == predicted and r.reward == pytest.approx(0.1), r
+        assert "NameError" in r.stderr_tail
+    assert static_outcome(GOOD_SCRIPT.encode()) is None
+    assert pool.run(task, GOOD_SCRIPT).status == Status.VALID
 
 
 def test_fork_bomb(pool, task):

@@ -43,6 +43,8 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.grader import reward as _status_reward
 from wmrl.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +110,13 @@ def reward_at_wall_clock(curve: list[dict], t: float) -> float | None:
     a reward skipped); None if there is none."""
     before = [e for e in _graded(curve) if e["wall_time_s"] <= t]
     return before[-1]["heldout_reward"] if before else None
+
+
+def se_at_wall_clock(curve: list[dict], t: float) -> float | None:
+    """Standard error (over its scripts) of the evaluation `reward_at_wall_clock` picks; None
+    if there is none or it has no standard error (runs before the field existed)."""
+    before = [e for e in _graded(curve) if e["wall_time_s"] <= t]
+    return before[-1].get("heldout_reward_se") if before else None
 
 
 def reward_at_equal_wall_clock(curves: dict[str, list[dict]]) -> tuple[float, dict]:
@@ -238,6 +247,63 @@ def calibration(pairs: list[dict], bins: int = 10) -> dict:
             xs, ys = [], []
         out[name] = {"mae": mae, "score": xs, "real": ys}
     return out
+
+
+def stream_reward(pair: dict) -> float:
+    """The reward the WM stream would have given an anchor pair's script: the static check's
+    exact reward where it decides (`static_status`; older runs record only `static`, which
+    was MALFORMED), else the calibrated WM score."""
+    verdict = pair.get("static_status") or ("MALFORMED" if pair.get("static") else None)
+    return pair["r_cal"] if verdict is None else _status_reward(Status[verdict])
+
+
+def within_group_correlation(pairs: list[dict]) -> dict:
+    """How much GRPO signal the WM stream carries, measured on the anchors (real outcome
+    known): the Pearson correlation, over anchor groups (pairs of one step and task), of the
+    group-centred stream reward (`stream_reward`) and raw WM score with the group-centred real
+    reward. Advantages are group-centred, so this, not the correlation across tasks, is what
+    decides whether WM groups push the policy the right way. None without enough groups."""
+    import numpy as np
+
+    groups: dict = {}
+    for p in pairs:
+        groups.setdefault((p["step"], p["task_id"]), []).append(
+            (stream_reward(p), p["r_wm"], p["r_env"])
+        )
+    centred = [np.asarray(g) - np.mean(g, axis=0) for g in groups.values() if len(g) > 1]
+    if not centred:
+        return {"groups": 0, "stream": None, "raw_wm": None}
+    x = np.concatenate(centred)
+    corr = lambda a, b: float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else None
+    return {
+        "groups": len(centred),
+        "stream": corr(x[:, 0], x[:, 2]),
+        "raw_wm": corr(x[:, 1], x[:, 2]),
+    }
+
+
+def static_check_stats(pairs: list[dict], steps: list[dict]) -> dict | None:
+    """How `rl.static_check = "names"` did, measured on the anchors (executed anyway): of the
+    anchor scripts it would have called RUNTIME_ERROR, how many were (`precision`: status
+    RUNTIME_ERROR or TIMEOUT, the same reward 0.1), and the share of the anchors' real
+    RUNTIME_ERRORs it caught (`recall`); plus how many WM-stream rows took a static reward
+    instead of a WM score. None when no pair records the verdict (`real`, older runs)."""
+    if not any("static_status" in p for p in pairs):
+        return None
+    bad = (Status.RUNTIME_ERROR, Status.TIMEOUT)
+    flagged = [p for p in pairs if p.get("static_status") == Status.RUNTIME_ERROR.name]
+    confirmed = sum(p["status"] in bad for p in flagged)
+    errors = [p for p in pairs if p["status"] == Status.RUNTIME_ERROR]
+    caught = sum(p.get("static_status") == Status.RUNTIME_ERROR.name for p in errors)
+    return {
+        "anchor_pairs": len(pairs),
+        "flagged_runtime_error": len(flagged),
+        "precision": confirmed / len(flagged) if flagged else None,
+        "anchor_runtime_errors": len(errors),
+        "recall": caught / len(errors) if errors else None,
+        "wm_rows_static_runtime_error": sum(s.get("static_runtime_error", 0) for s in steps),
+        "wm_rows_static_malformed": sum(s.get("static_malformed", 0) for s in steps),
+    }
 
 
 # -- running the modes -----------------------------------------------------------------------
@@ -420,6 +486,10 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         "time_to_target_s": to_target,
         "final_heldout_reward": per_mode("final_heldout_reward"),
         "heldout_reward_at_equal_wall_clock": at_equal,
+        # The sampling noise of those single evaluations (standard error over their scripts).
+        "heldout_reward_se_at_equal_wall_clock": {
+            m: se_at_wall_clock(c, t_equal) for m, c in curves.items()
+        },
         "equal_wall_clock_s": t_equal,
         # Less noisy views of the same comparison (every evaluation up to t_equal counts):
         "heldout_reward_time_average": {
@@ -439,6 +509,12 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         "wm_calls": per_mode("wm_calls"),
         "warmstart_heldout_reward": per_mode("warmstart_heldout_reward"),
         "best_heldout_reward": per_mode("best_heldout_reward"),
+        "static_check": {
+            m: static_check_stats(r["pairs"], r["steps"]) for m, r in runs.items() if m != "real"
+        },
+        "wm_stream_within_group_corr": {
+            m: within_group_correlation(r["pairs"]) for m, r in runs.items() if m != "real"
+        },
         "curves": curves,
         "budget_s": budget_s,
         "config": {k: _get(config, k) for k in CONFIG_KEYS} if config is not None else None,
@@ -479,6 +555,7 @@ def format_table(result: dict) -> str:
             f"{_fmt(r['speedup'], '.2f') + ('x' if r['speedup'] else ''):>9}"
         )
     a = result["amdahl"]
+    ses = result.get("heldout_reward_se_at_equal_wall_clock") or {}
     lines += [
         "",
         f"time_to_target_ratio (real / wmrl, to real's final held-out reward "
@@ -487,8 +564,10 @@ def format_table(result: dict) -> str:
         + (f"  ({result['time_to_target_note']})" if result["time_to_target_note"] else ""),
         f"held-out reward at equal wall-clock {result['equal_wall_clock_s']:.1f}s: "
         + ", ".join(
-            f"{m} {_fmt(v, '.4f')}" for m, v in result["heldout_reward_at_equal_wall_clock"].items()
-        ),
+            f"{m} {_fmt(v, '.4f')}" + (f" +- {se:.4f}" if (se := ses.get(m)) is not None else "")
+            for m, v in result["heldout_reward_at_equal_wall_clock"].items()
+        )
+        + (" (standard error over the evaluation's scripts)" if any(ses.values()) else ""),
         "less noisy, over the same window: mean of the last 3 evaluations "
         + ", ".join(
             f"{m} {_fmt(v, '.4f')}"
@@ -505,6 +584,15 @@ def format_table(result: dict) -> str:
         f"{_fmt(a['execute_share'], '.2f')}, anchor fraction {_fmt(a['anchor_fraction'], '.3f')}); "
         f"fraction reached {_fmt(result['amdahl_fraction_reached'], '.2f')}",
     ]
+    corr = result.get("wm_stream_within_group_corr") or {}
+    if corr:
+        lines.append(
+            "WM stream vs real reward on the anchors, within groups (correlation): "
+            + ", ".join(
+                f"{m} {_fmt(c['stream'], '.2f')} (raw WM {_fmt(c['raw_wm'], '.2f')})"
+                for m, c in corr.items()
+            )
+        )
     return "\n".join(lines)
 
 
@@ -518,8 +606,9 @@ def plot_curves(curves: dict[str, list[dict]], path=None, target: float | None =
     for m, curve in curves.items():
         ev = [e for e in curve if e.get("heldout_reward") is not None]
         y = [e["heldout_reward"] for e in ev]
-        axes[0].plot([e["wall_time_s"] for e in ev], y, "o-", ms=3, label=m)
-        axes[1].plot([e["real_executions"] for e in ev], y, "o-", ms=3, label=m)
+        se = [e.get("heldout_reward_se") or 0.0 for e in ev]  # error bars: +-1 standard error
+        for ax, x in zip(axes, ("wall_time_s", "real_executions"), strict=True):
+            ax.errorbar([e[x] for e in ev], y, yerr=se, fmt="o-", ms=3, capsize=2, label=m)
     for ax, xlabel in zip(axes, ("training wall-clock (s)", "real executions"), strict=True):
         if target is not None:
             ax.axhline(target, color="grey", ls=":", lw=1, label="real's final")

@@ -20,6 +20,9 @@ from wmrl.core.routing import RoutingConfig
 
 MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
 ROUTINGS = ("uniform", "uncertainty")
+# rl.static_check: which outcomes the WM stream takes from a static check instead of the WM
+# (off; compile: MALFORMED; names: also RUNTIME_ERROR for a name read but never defined).
+STATIC_CHECKS = ("off", "compile", "names")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,9 +127,10 @@ def validate_autoresearch_config(config) -> None:
             f"must be 0 (anchors trained on in the step that sampled them) or 1 (one step "
             f"later, executing meanwhile), got {lag!r}",
         )
-    if not isinstance(config.rl.get("static_check", False), bool):
+    if config.rl.get("static_check", "off") not in STATIC_CHECKS:
         raise ConfigError(
-            "config.rl.static_check", f"must be True or False, got {config.rl.static_check!r}"
+            "config.rl.static_check",
+            f"must be one of {', '.join(STATIC_CHECKS)}, got {config.rl.static_check!r}",
         )
     micro = config.rl.get("num_micro_batches", 1)
     rows = groups_per_step(config) * config.rl.group_size

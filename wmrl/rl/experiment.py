@@ -247,6 +247,9 @@ def run(
             do_save = st.step % config.rl.checkpoint_every == 0 or last
             if do_eval or do_save:  # untimed work: background anchors finish first, timed
                 st, drain_s = trainer.drain(st)
+                # The wait counts as training time and can use up the budget: the loop ends
+                # here then, and a run always ends with an evaluation of its final policy.
+                do_eval = do_eval or out_of_time()
             if do_eval:
                 ev = {**trainer.evaluate(st), "anchor_drain_s": drain_s}
                 st.evals.append(ev)
@@ -336,6 +339,7 @@ def make_summary(
                 "wall_time_s": e["wall_time_s"],
                 "real_executions": e["real_executions"],
                 "heldout_reward": e["heldout_reward"],
+                "heldout_reward_se": e.get("heldout_reward_se"),
             }
             for e in evals
         ],

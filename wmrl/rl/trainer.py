@@ -48,7 +48,7 @@ from wmrl.core import denoise as denoise_lib
 from wmrl.core.grpo import apply_anchor_weight, group_advantages
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import CorrectionState, init_correction_state
-from wmrl.envs.autoresearch.grader import Status, check_script
+from wmrl.envs.autoresearch.grader import Status, static_outcome
 from wmrl.envs.autoresearch.grader import reward as status_reward
 from wmrl.jsonl import JsonlWriter, read_jsonl
 from wmrl.models.sampler import SamplingConfig, generate
@@ -348,9 +348,12 @@ class Trainer:
         # rest; `real` executes every group and stays synchronous GRPO.
         self.lag = int(config.rl.get("anchor_lag", 0)) if self.spec.uses_wm else 0
         self._inflight = None  # the previous step's submitted anchors (see `drain`)
-        # Scripts that do not compile get MALFORMED's exact reward, not a WM score (the check
-        # needs no execution: it is the pool's own pre-execution check).
-        self.static_check = bool(config.rl.get("static_check", False)) and self.spec.uses_wm
+        # Outcomes known without execution (`rl.static_check`): a script that does not compile
+        # gets MALFORMED's exact reward ("compile"), one that reads a name it never defines
+        # also RUNTIME_ERROR's ("names"), instead of a WM score.
+        level = config.rl.get("static_check", "off") if self.spec.uses_wm else "off"
+        self.static_check = level != "off"
+        self.static_names = level == "names"
         self.num_anchor_rows = int(num_anchor_groups(self.B, self.B, self.routing)) * self.G
         self._correct = jax.jit(
             functools.partial(
@@ -601,11 +604,12 @@ class Trainer:
 
         t0 = time.monotonic()
         env_valid = anchor_rows & (status != int(Status.UNGRADED))
-        static = self._static_malformed(scripts, anchor_rows, status)
+        static = self._static_outcomes(scripts, rows, anchor_idx, status)
+        static_reward = np.array([status_reward(x) if x >= 0 else 0.0 for x in static], np.float32)
         correction, out, stats = self._correct(
             st.correction, jnp.asarray(r_wm), jnp.asarray(r_env), jnp.asarray(env_valid),
             jnp.asarray(anchor_rows), jnp.asarray(is_anchor), jnp.asarray(np.nonzero(is_anchor)[0]),
-            jnp.asarray(static), jnp.full(B * G, status_reward(Status.MALFORMED), jnp.float32),
+            jnp.asarray(static >= 0), jnp.asarray(static_reward),
         )  # fmt: skip
         batch = {
             **rows,
@@ -645,7 +649,8 @@ class Trainer:
             "reused_from_journal": n_collected - new_execs,
             "mean_script_tokens": float(rows["loss_mask"].sum() / (B * G)),
             "anchor_status": dict(counts),
-            "static_malformed": int((static & ~anchor_rows).sum()),
+            "static_malformed": int((static[~anchor_rows] == int(Status.MALFORMED)).sum()),
+            "static_runtime_error": int((static[~anchor_rows] == int(Status.RUNTIME_ERROR)).sum()),
             "policy_kl": _mean(pmetrics, "kl"),
             **{k: float(v) if v.dtype != bool else bool(v) for k, v in stats.items()},
         }
@@ -671,23 +676,43 @@ class Trainer:
         pairs = [
             {"step": origin[i][0] + 1, "row": origin[i][1], "task_id": trained_tasks[i].id,
              "status": int(status[i]), "r_wm": float(r_wm[i]), "r_cal": float(cal[i]),
-             "r_env": float(r_env[i]), "static": bool(static[i])}
+             "r_env": float(r_env[i]), "static": bool(static[i] >= 0),
+             "static_status": Status(int(static[i])).name if static[i] >= 0 else None}
             for i in np.nonzero(env_valid)[0]
         ]  # fmt: skip
         return new_state, metrics, pairs
 
-    def _static_malformed(self, scripts, anchor_rows, status) -> np.ndarray:
-        """[N] bool: the rows whose outcome is MALFORMED without executing them
-        (`rl.static_check`, modes with a WM stream): the sandbox pool's own pre-execution check
-        (`grader.check_script`: empty, not UTF-8, does not compile), run here on the WM rows'
-        scripts; anchor rows have their real status (the pool's verdict from the same check).
-        All False when the check is off."""
-        static = np.zeros(len(anchor_rows), bool)
+    def _static_outcomes(self, scripts, rows, anchor_idx, status) -> np.ndarray:
+        """[N] int: the status each row's script gets without executing it
+        (`grader.static_outcome`, `rl.static_check`, modes with a WM stream), -1 where only
+        execution can tell (every row when the check is off). WM rows: MALFORMED when the
+        sandbox pool's own pre-execution check fails ("compile"), RUNTIME_ERROR when the script
+        reads a name it never defines ("names"). Anchor rows (with `anchor_lag` the previous
+        step's scripts, decoded from the rows trained on) get the same verdict, except that
+        MALFORMED is the pool's own (their real status); it only keeps their pairs out of the
+        monotone map and is recorded with each pair, so its precision can be measured."""
+        static = np.full(len(scripts), -1, np.int32)
         if not self.static_check:
             return static
-        for i in np.nonzero(~anchor_rows)[0]:
-            static[i] = check_script(scripts[i].encode("utf-8", "surrogatepass")) is not None
-        static[anchor_rows] = status[anchor_rows] == int(Status.MALFORMED)
+        anchor_rows = np.zeros(len(scripts), bool)
+        anchor_rows[anchor_idx] = True
+        P = self.P
+        trained = list(scripts)
+        for i, text in zip(
+            anchor_idx,
+            self._decode(rows["tokens"][anchor_idx, P:], rows["input_mask"][anchor_idx, P:]),
+            strict=True,
+        ):
+            trained[i] = text
+        for i, text in enumerate(trained):
+            got = static_outcome(text.encode("utf-8", "surrogatepass"), names=self.static_names)
+            static[i] = -1 if got is None else int(got[0])
+        malformed = int(Status.MALFORMED)
+        static[anchor_idx] = np.where(
+            status[anchor_idx] == malformed,
+            malformed,
+            np.where(static[anchor_idx] == malformed, -1, static[anchor_idx]),
+        )
         return static
 
     def _tasks_for_rows(self, step: int, rows) -> list:
@@ -774,6 +799,12 @@ class Trainer:
             "wall_time_s": st.wall_time_s,
             "real_executions": st.real_executions,
             "heldout_reward": float(np.mean(reward[graded])) if graded.any() else None,
+            # Its standard error over the scripts (sampling noise of the evaluation itself).
+            "heldout_reward_se": (
+                float(np.std(reward[graded], ddof=1) / np.sqrt(graded.sum()))
+                if graded.sum() > 1
+                else None
+            ),
             "heldout_status_rates": {
                 s.name: counts.get(s.name, 0) / max(int(graded.sum()), 1)
                 for s in Status

@@ -19,6 +19,8 @@ and AUC, known class labels for accuracy/F1).
 
 from __future__ import annotations
 
+import ast
+import builtins
 import dataclasses
 import enum
 import functools
@@ -73,6 +75,64 @@ def check_script(source: bytes) -> str | None:
         compile(text, "script.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
+    return None
+
+
+# Names a module can read without binding them (beyond `builtins`).
+_MODULE_NAMES = frozenset(dir(builtins)) | {"__file__", "__builtins__", "__cached__"}
+
+
+def undefined_names(text: str) -> list[str] | None:
+    """The names a script reads but never binds anywhere (not an assignment, import, `def`,
+    `class`, argument, loop / `with` / `except` / comprehension / `match` target or `global`)
+    and that are not builtins: reading one raises NameError. None when the script does not
+    parse or star-imports (then nobody can tell statically). Never executes it.
+
+    Deliberately conservative: a name bound anywhere counts as bound everywhere (so a use
+    before the assignment, or in another function's scope, is not reported), which makes a
+    report a near-certain runtime error for straight-line scripts; the exception is a read
+    that the script never reaches (dead code, a function never called, `except NameError`).
+    """
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                bound.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            bound.update(node.names)
+        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    return sorted(read - bound - _MODULE_NAMES)
+
+
+def static_outcome(source: bytes, names: bool = True) -> tuple[Status, str] | None:
+    """The status a script will get that is known without executing it, and why; None when
+    only execution can tell. MALFORMED: the pool's own pre-execution check (`check_script`)
+    fails, exact. RUNTIME_ERROR (`names`): it reads a name it never defines
+    (`undefined_names`), e.g. an estimator it forgot to import; a reached read raises
+    NameError and a non-zero exit is RUNTIME_ERROR whatever else the script did (a time-out
+    before it has the same reward)."""
+    why = check_script(source)
+    if why is not None:
+        return Status.MALFORMED, why
+    if names:
+        missing = undefined_names(source.decode("utf-8"))
+        if missing:
+            return Status.RUNTIME_ERROR, "undefined name(s): " + ", ".join(missing)
     return None
 
 
