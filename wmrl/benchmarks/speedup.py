@@ -24,9 +24,12 @@ time as `wmrl.rl` measures it (evaluations and checkpoint writes excluded, XLA c
 done before the clock starts).
 
 Writes `--out` (default DIR/speedup.json), DIR/speedup.png (held-out reward vs training
-wall-clock and vs real executions) and prints a table. The figures are defined next to the
-functions that compute them: `time_to_reward`, `time_to_target_ratio`,
-`reward_at_equal_wall_clock`, `amdahl`.
+wall-clock and vs real executions, +-1 standard error bars) and prints a table. The figures
+are defined next to the functions that compute them: `time_to_reward`, `time_to_target_ratio`,
+`reward_at_equal_wall_clock`, `se_at_wall_clock`, `time_average_reward`,
+`recent_mean_reward`, `amdahl`, `within_group_correlation` (how much GRPO signal the WM stream
+carries, on the anchors) and `static_check_stats` (precision and recall of `rl.static_check`
+on the anchors).
 """
 
 from __future__ import annotations
