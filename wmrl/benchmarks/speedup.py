@@ -111,15 +111,21 @@ def time_to_target_ratio(curves: dict[str, list[dict]], mode: str = "wmrl") -> d
 def reward_at_wall_clock(curve: list[dict], t: float) -> float | None:
     """Held-out reward of the last evaluation at or before wall-clock `t` (evaluations without
     a reward skipped); None if there is none."""
+    e = _eval_at(curve, t)
+    return e["heldout_reward"] if e else None
+
+
+def _eval_at(curve: list[dict], t: float) -> dict | None:
+    """The last graded evaluation at or before wall-clock `t`, or None."""
     before = [e for e in _graded(curve) if e["wall_time_s"] <= t]
-    return before[-1]["heldout_reward"] if before else None
+    return before[-1] if before else None
 
 
 def se_at_wall_clock(curve: list[dict], t: float) -> float | None:
     """Standard error (over its scripts) of the evaluation `reward_at_wall_clock` picks; None
     if there is none or it has no standard error (runs before the field existed)."""
-    before = [e for e in _graded(curve) if e["wall_time_s"] <= t]
-    return before[-1].get("heldout_reward_se") if before else None
+    e = _eval_at(curve, t)
+    return e.get("heldout_reward_se") if e else None
 
 
 def reward_at_equal_wall_clock(curves: dict[str, list[dict]]) -> tuple[float, dict]:
