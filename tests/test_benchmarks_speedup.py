@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.rl_fixtures import load_config
 from tests.speedup_fixtures import ev, finished_benchmark
 from wmrl.benchmarks import speedup
+from wmrl.rl import config as rlconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,11 +183,20 @@ def test_shared_config_budget_and_steps(tmp_path):
     assert c.rl.steps == base.rl.steps and c.rl.max_wall_time_s == 0.0
     c = speedup.shared_config(base, tmp_path, budget_s=300.0)
     assert c.rl.max_wall_time_s == 300.0 and c.rl.steps == speedup.UNLIMITED_STEPS
-    # every mode evaluated at the same wall-clock points: every 300 / 8 s, not by step count
-    assert c.rl.eval_every_s == 37.5 and c.rl.eval_every == speedup.UNLIMITED_STEPS
-    base.rl.eval_every_s = 20.0
-    assert speedup.shared_config(base, tmp_path, budget_s=300.0).rl.eval_every_s == 20.0
+    # every mode evaluated at the same wall-clock points, not by step count: 12 points from
+    # 300 / 32 s to 300 s, each 32 ** (1 / 11) = 1.3703 times the previous
+    assert c.rl.eval_every == speedup.UNLIMITED_STEPS and c.rl.eval_every_s == 0.0
+    pts = np.asarray(c.rl.eval_at_s)
+    assert len(pts) == 12 and pts[0] == pytest.approx(9.375) and pts[-1] == pytest.approx(300.0)
+    np.testing.assert_allclose(pts[1:] / pts[:-1], 1.370350, rtol=1e-5)
+    rlconfig.validate_autoresearch_config(c)  # the grid passes the config's own check
+    base.rl.eval_every_s = 20.0  # a cadence the user gave is kept, no grid added
+    c = speedup.shared_config(base, tmp_path, budget_s=300.0)
+    assert c.rl.eval_every_s == 20.0 and c.rl.eval_at_s == ()
     base.rl.eval_every_s = 0.0
+    base.rl.eval_at_s = (50.0, 100.0)  # so are points
+    assert speedup.shared_config(base, tmp_path, budget_s=300.0).rl.eval_at_s == (50.0, 100.0)
+    base.rl.eval_at_s = ()
     c = speedup.shared_config(base, tmp_path, budget_s=300.0, steps=7)
     assert c.rl.steps == 7
     assert base.data_dir == "" and base.rl.max_wall_time_s == 0.0  # the input is not changed

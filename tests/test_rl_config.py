@@ -29,6 +29,8 @@ def test_default_config_is_valid():
         ("correction.rho", 1.5, "config.correction"),
         ("rl.steps", 0, "config.rl.steps"),
         ("rl.static_check", "lint", "config.rl.static_check"),
+        ("rl.eval_at_s", (30.0, 10.0), "config.rl.eval_at_s: points must increase"),
+        ("rl.eval_at_s", (0.0, 10.0), "config.rl.eval_at_s: point 0 must be a number > 0"),
     ],
 )
 def test_bad_field_is_named(field, value, message):
@@ -40,6 +42,24 @@ def test_bad_field_is_named(field, value, message):
     node[leaf] = value
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         validate_autoresearch_config(c)
+
+
+def test_evaluations_at_wall_clock_points():
+    from types import SimpleNamespace
+
+    from wmrl.rl.experiment import _eval_due_s
+
+    c = load_config()
+    c.rl.eval_at_s = (10.0, 20.0, 40.0)
+    validate_autoresearch_config(c)
+    due = lambda last, now: _eval_due_s(
+        c, SimpleNamespace(evals=[{"wall_time_s": last}], wall_time_s=now)
+    )
+    assert not due(0.0, 9.9) and due(0.0, 10.0) and due(0.0, 35.0)  # two points: one eval
+    assert not due(10.0, 19.0) and due(10.0, 20.0) and not due(20.0, 39.0) and due(20.0, 41.0)
+    assert not due(41.0, 500.0)  # past the last point
+    c.rl.eval_every_s = 25.0  # both triggers
+    assert due(41.0, 50.0) and not due(50.0, 74.0)
 
 
 def test_batch_size_sets_the_number_of_groups():

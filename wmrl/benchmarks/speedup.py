@@ -17,8 +17,10 @@ mode. A mode directory that holds a run with a different config is refused.
 
 `--budget_s` gives every mode the same RL wall-clock budget (`rl.max_wall_time_s`) and, unless
 `--steps` is given, lifts the step limit so that the budget alone ends each run; every mode is
-then evaluated at the same training wall-clock points, every `rl.eval_every_s` seconds
-(default budget / 8) instead of every `rl.eval_every` steps, plus at the end. Without it,
+then evaluated at the same training wall-clock points instead of every `rl.eval_every` steps,
+plus at the end: `rl.eval_at_s` (default: 12 points spaced geometrically from budget / 32 to
+the budget, so that a time ratio has the same resolution wherever the target is reached) or
+every `rl.eval_every_s` seconds if that is set. Without it,
 each mode runs `rl.steps` (or `--steps`), evaluated by step count. Wall-clock is RL training
 time as `wmrl.rl` measures it (evaluations and checkpoint writes excluded, XLA compilation
 done before the clock starts).
@@ -55,14 +57,21 @@ MODES = ("real", "wmrl")
 ABLATIONS = ("wm_only", "debias_only", "denoise_only")
 ALL_MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
 UNLIMITED_STEPS = 10**9  # the step limit under a wall-clock budget (the budget ends the run)
-EVALS_PER_BUDGET = 8  # under a budget, held-out evaluations every budget / 8 s of training
+# Under a budget, held-out evaluations at EVAL_POINTS training wall-clock points spaced
+# geometrically from budget / EVAL_SPAN to the budget (a constant ~1.37x apart): time ratios
+# get the same relative resolution wherever the target is reached. (Evenly spaced points,
+# budget / 8 apart, capped a measurable ratio at t_real / (budget / 8): about 2x when real
+# reached its target at its second point.)
+EVAL_POINTS = 12
+EVAL_SPAN = 32.0
 
 # Config fields copied into the JSON (`config`).
 CONFIG_KEYS = (
     "seed", "routing", "target_reward", "suite.tasks", "suite.workers", "suite.time_limit_s",
     "rl.steps", "rl.max_wall_time_s", "rl.tasks_per_step", "rl.group_size", "rl.batch_size",
-    "rl.eval_every", "rl.eval_every_s", "rl.eval_samples", "rl.anchor_lag", "correction.rho",
-    "correction.min_groups", "correction.uncertainty_share", "policy.d_model", "policy.num_layers",
+    "rl.eval_every", "rl.eval_every_s", "rl.eval_at_s", "rl.eval_samples", "rl.anchor_lag",
+    "correction.rho", "correction.min_groups", "correction.uncertainty_share", "policy.d_model",
+    "policy.num_layers",
     "wm.d_model", "wm.num_layers", "wm.num_members", "data.max_prompt_len", "data.max_new_tokens",
 )  # fmt: skip
 
@@ -318,6 +327,12 @@ def static_check_stats(pairs: list[dict], steps: list[dict]) -> dict | None:
 # -- running the modes -----------------------------------------------------------------------
 
 
+def geometric_points(budget_s: float, n: int = EVAL_POINTS, span: float = EVAL_SPAN):
+    """`n` wall-clock points from `budget_s / span` to `budget_s`, each the previous times
+    `span ** (1 / (n - 1))`."""
+    return tuple(budget_s * span ** (i / (n - 1) - 1.0) for i in range(n))
+
+
 def modes_for(ablations: bool) -> tuple[str, ...]:
     return ALL_MODES if ablations else MODES
 
@@ -337,8 +352,8 @@ def shared_config(config, workdir: str | os.PathLike, budget_s: float | None = N
         c.rl.steps = UNLIMITED_STEPS
         # Evaluate every mode at the same wall-clock points (a step-count cadence would give
         # the faster mode more, and the slower one coarser, evaluations).
-        if not c.rl.get("eval_every_s", 0.0):
-            c.rl.eval_every_s = float(budget_s) / EVALS_PER_BUDGET
+        if not c.rl.get("eval_every_s", 0.0) and not c.rl.get("eval_at_s", ()):
+            c.rl.eval_at_s = geometric_points(float(budget_s))
         c.rl.eval_every = UNLIMITED_STEPS
     if steps:
         c.rl.steps = int(steps)

@@ -47,8 +47,8 @@ MODE_SPECS = {
 # Fields that may change between a run and its resumption (they do not change what a
 # completed step computed). Everything else must match the saved config.json.
 RESUMABLE_FIELDS = (
-    "rl.steps", "rl.max_wall_time_s", "rl.eval_every", "rl.eval_every_s", "rl.checkpoint_every",
-    "rl.keep_checkpoints",
+    "rl.steps", "rl.max_wall_time_s", "rl.eval_every", "rl.eval_every_s", "rl.eval_at_s",
+    "rl.checkpoint_every", "rl.keep_checkpoints",
 )  # fmt: skip
 
 
@@ -73,6 +73,21 @@ def _positive(config, field: str, minimum: float = 1) -> None:
     v = config_field(config, field)
     if not isinstance(v, int | float) or isinstance(v, bool) or v < minimum:
         raise ConfigError(f"config.{field}", f"must be a number >= {minimum}, got {v!r}")
+
+
+def _check_eval_points(points) -> None:
+    """`rl.eval_at_s`: training wall-clock points (s), positive and increasing."""
+    field = "config.rl.eval_at_s"
+    if not isinstance(points, tuple | list):
+        raise ConfigError(field, f"must be a tuple of wall-clock seconds, got {points!r}")
+    for i, p in enumerate(points):
+        if not isinstance(p, int | float) or isinstance(p, bool) or not p > 0:
+            raise ConfigError(field, f"point {i} must be a number > 0 (seconds), got {p!r}")
+        if i and p <= points[i - 1]:
+            raise ConfigError(
+                field, f"points must increase: point {i} ({p!r}) <= point {i - 1} "
+                f"({points[i - 1]!r})",
+            )  # fmt: skip
 
 
 def groups_per_step(config) -> int:
@@ -120,6 +135,7 @@ def validate_autoresearch_config(config) -> None:
         raise ConfigError("config.rl.eval_samples", "must be >= 1")
     if "eval_every_s" in config.rl:
         _positive(config, "rl.eval_every_s", 0)
+    _check_eval_points(config.rl.get("eval_at_s", ()))
     lag = config.rl.get("anchor_lag", 0)
     if lag not in (0, 1) or isinstance(lag, bool):
         raise ConfigError(

@@ -284,13 +284,15 @@ def run(
 
 
 def _eval_due_s(config, st) -> bool:
-    """Whether training wall-clock passed a multiple of `rl.eval_every_s` since the last
-    evaluation (0 = evaluations by step count only): modes whose steps take different times
-    are then evaluated at the same wall-clock points (the speedup benchmark)."""
+    """Whether training wall-clock passed a multiple of `rl.eval_every_s`, or a point of
+    `rl.eval_at_s`, since the last evaluation (neither set = evaluations by step count only):
+    modes whose steps take different times are then evaluated at the same wall-clock points
+    (the speedup benchmark)."""
+    last, now = st.evals[-1]["wall_time_s"], st.wall_time_s
+    if any(last < p <= now for p in config.rl.get("eval_at_s", ())):
+        return True
     every = config.rl.get("eval_every_s", 0.0)
-    if not every:
-        return False
-    return st.wall_time_s // every > st.evals[-1]["wall_time_s"] // every
+    return bool(every) and now // every > last // every
 
 
 def _progress_bar(config, st, steps: int, budget: float, progress: bool) -> tqdm:
