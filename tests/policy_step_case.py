@@ -1,6 +1,8 @@
 """The tiny policy-train-step case shared by the sharding tests, the multi-process worker and its
 test: one model, one global batch, and the plain single-process reference update."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,11 @@ def factory() -> Transformer:
 
 def global_batch() -> dict[str, np.ndarray]:
     """The whole global batch, identical on every process (each feeds only its rows)."""
+    return {k: v.copy() for k, v in _global_batch().items()}
+
+
+@functools.cache
+def _global_batch() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, 64, (B, T)).astype(np.int32)
     input_mask = np.ones((B, T), bool)
@@ -30,7 +37,8 @@ def global_batch() -> dict[str, np.ndarray]:
     loss_mask = np.zeros((B, T), np.float32)
     loss_mask[:, 6:] = 1.0
     loss_mask[1, 9:] = 0.0
-    ref = np.asarray(token_logprobs(factory(), jnp.asarray(tokens), jnp.asarray(input_mask)))
+    logprobs = nnx.jit(lambda m, t, mask: token_logprobs(m, t, mask))
+    ref = np.asarray(logprobs(factory(), jnp.asarray(tokens), jnp.asarray(input_mask)))
     return {
         "tokens": tokens,
         "input_mask": input_mask,
@@ -41,25 +49,30 @@ def global_batch() -> dict[str, np.ndarray]:
     }
 
 
+def _loss(model, b):
+    """The full-batch policy loss, token mean."""
+    logp = token_logprobs(model, b["tokens"], b["input_mask"])
+    s, _ = token_policy_loss(
+        logp, b["old_logp"], b["ref_logp"], b["advantages"], b["loss_mask"],
+        clip_eps=LOSS.clip_eps, kl_coef=LOSS.kl_coef,
+    )  # fmt: skip
+    return s / b["loss_mask"].sum()
+
+
+@nnx.jit
+def _value_and_grad(model, b):
+    return nnx.value_and_grad(_loss)(model, b)
+
+
+def _sgd(model, grads) -> None:
+    nnx.update(model, jax.tree.map(lambda p, g: p - LR * g, nnx.state(model), grads))
+
+
 def single_process_reference() -> tuple[jax.Array, dict]:
-    """Plain full-batch loss and SGD update: no jit, no mesh, no accumulation, one process."""
+    """Plain full-batch loss and SGD update: no mesh, no sharding, no accumulation, one
+    process (jitted whole: same maths as eager, ~20x faster here)."""
     model = factory()
-    b = jax.tree.map(jnp.asarray, global_batch())
-
-    def loss(m):
-        logp = token_logprobs(m, b["tokens"], b["input_mask"])
-        s, _ = token_policy_loss(
-            logp,
-            b["old_logp"],
-            b["ref_logp"],
-            b["advantages"],
-            b["loss_mask"],
-            clip_eps=LOSS.clip_eps,
-            kl_coef=LOSS.kl_coef,
-        )
-        return s / b["loss_mask"].sum()
-
-    value, grads = nnx.value_and_grad(loss)(model)
+    value, grads = _value_and_grad(model, jax.tree.map(jnp.asarray, global_batch()))
     params = nnx.to_pure_dict(nnx.state(model))
     grads = nnx.to_pure_dict(grads)
     return value, jax.tree.map(lambda p, g: p - LR * g, params, grads)
@@ -114,28 +127,15 @@ def wmrl_advantages(correction, step: int):
 
 
 def wmrl_reference() -> dict:
-    """WMRL_STEPS plain (unjitted, single-process) correction + SGD steps; final params."""
+    """WMRL_STEPS plain (single-process, unsharded) correction + SGD steps; final params."""
     from wmrl.core.state import init_correction_state
 
     model = factory()
-    graphdef, state = nnx.split(model)
-    params = nnx.to_pure_dict(state)
     correction = init_correction_state(wmrl_configs()[0])
     batch = global_batch()
     for step in range(WMRL_STEPS):
         correction, adv = wmrl_advantages(correction, step)
         b = {k: jnp.asarray(v) for k, v in {**batch, "advantages": adv}.items()}
-
-        def loss(p, b=b):
-            nnx.replace_by_pure_dict(state, p)
-            m = nnx.merge(graphdef, state)
-            logp = token_logprobs(m, b["tokens"], b["input_mask"])
-            s, _ = token_policy_loss(
-                logp, b["old_logp"], b["ref_logp"], b["advantages"], b["loss_mask"],
-                clip_eps=LOSS.clip_eps, kl_coef=LOSS.kl_coef,
-            )  # fmt: skip
-            return s / b["loss_mask"].sum()
-
-        grads = jax.grad(loss)(params)
-        params = jax.tree.map(lambda p, g: p - LR * g, params, grads)
-    return params
+        _, grads = _value_and_grad(model, b)
+        _sgd(model, grads)
+    return nnx.to_pure_dict(nnx.state(model))

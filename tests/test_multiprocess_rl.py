@@ -7,6 +7,9 @@ counters, the replay buffer and the final parameters. Generation is replicated a
 mesh and the per-row forward passes are partitioned alike in both layouts, so the scripts are
 identical; the gradient all-reduce sums in another order across processes (gloo) than within
 one, so parameters agree to float tolerance (about 1e-8 here), not bitwise.
+
+The fast suite launches the two processes once; `-m slow` also stops them after step 1 and
+resumes across processes, and builds the stages with two processes from nothing.
 """
 
 import json
@@ -139,16 +142,28 @@ def assert_same_run(wd, ref_wd, ref_summary, seen, runs=1, extra_evals=()):
             np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-def test_two_processes_train_like_one_and_resume(rl_shared, tmp_path):
-    """Mode wmrl on the shared stages. The two processes stop after step 1 and resume from
-    their collective checkpoint, so restore across processes is exercised too."""
-    data_dir, init_dir = rl_shared
-    ref_summary = single_process(tmp_path / "single", data_dir, init_dir, "wmrl")
-    seen, texts = two_processes(tmp_path / "multi", data_dir, init_dir, "wmrl", [1, 2], tmp_path)
+@pytest.fixture(scope="module")
+def single_wmrl(rl_shared, tmp_path_factory):
+    """The one-process reference run in mode wmrl (2 steps), shared by the tests below."""
+    wd = tmp_path_factory.mktemp("single") / "wd"
+    return wd, single_process(wd, *rl_shared, "wmrl")
+
+
+def test_two_processes_train_like_one(rl_shared, single_wmrl, tmp_path):
+    """Mode wmrl on the shared stages, one launch of the two processes for both steps."""
+    ref_wd, ref_summary = single_wmrl
+    seen, _ = two_processes(tmp_path / "multi", *rl_shared, "wmrl", [2], tmp_path)
+    assert_same_run(tmp_path / "multi", ref_wd, ref_summary, seen)
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_and_resume(rl_shared, single_wmrl, tmp_path):
+    """As above, but the two processes stop after step 1 and resume from their collective
+    checkpoint, so restore across processes is exercised too."""
+    ref_wd, ref_summary = single_wmrl
+    seen, texts = two_processes(tmp_path / "multi", *rl_shared, "wmrl", [1, 2], tmp_path)
     assert all("resuming from the checkpoint of step 1" in text for text in texts)
-    assert_same_run(
-        tmp_path / "multi", tmp_path / "single", ref_summary, seen, runs=2, extra_evals={1}
-    )
+    assert_same_run(tmp_path / "multi", ref_wd, ref_summary, seen, runs=2, extra_evals={1})
 
 
 @pytest.mark.slow
