@@ -117,12 +117,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.normalize_std = False
     c.rl.baseline = "mean"  # or "rloo"
     c.rl.eval_every = 5
-    # Also evaluate whenever training wall-clock passes a multiple of this (0 = off); the
-    # speedup benchmark evaluates every mode at the same wall-clock points with it.
+    # Also evaluate whenever training wall-clock passes a multiple of this (0 = off), and at
+    # the first step boundary at or after each of the training wall-clock points (s) below:
+    # modes with different step times are then evaluated at the same wall-clock points. The
+    # speedup benchmark uses a geometric grid of points: a time ratio then has the same
+    # resolution whether the target is reached at 20 s or at 200 s.
     c.rl.eval_every_s = 0.0
-    # And at the first step boundary at or after each of these training wall-clock points (s).
-    # The speedup benchmark uses a geometric grid: a time ratio then has the same resolution
-    # whether the target is reached at 20 s or at 200 s.
     c.rl.eval_at_s = ()
     c.rl.eval_samples = 8  # k scripts per held-out task
     c.rl.checkpoint_every = 5
