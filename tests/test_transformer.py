@@ -222,3 +222,61 @@ def test_remat_gives_identical_gradients():
         for remat in (False, True)
     ]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), *grads)
+
+
+def _np_logprobs(logits, tokens):
+    """log p(tokens[t] | tokens[<t]) from `[T, V]` float64 logits; 0 at t = 0."""
+    z = logits - logits.max(-1, keepdims=True)
+    lsm = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return np.concatenate([[0.0], lsm[np.arange(len(tokens) - 1), tokens[1:]]])
+
+
+@pytest.mark.parametrize("start", [0, 1, 4, 7])
+def test_logprobs_from_a_start_column_match_the_numpy_reference(start):
+    """`start` skips the prompt columns' unembedding: the columns from `start` on equal the
+    full computation (independent numpy forward), the ones before are exactly 0."""
+    model = Transformer(CFG, rngs=nnx.Rngs(5))
+    _random_norm_scales(model)
+    tokens = np.array([3, 7, 1, 30, 12, 5, 9, 22, 2])
+    ref = _np_logprobs(numpy_forward(_np_params(model), CFG, tokens), tokens)
+    mask = jnp.ones((1, len(tokens)), bool)
+    got = np.asarray(token_logprobs(model, jnp.asarray(tokens)[None], mask, start))
+    s = max(start, 1)
+    np.testing.assert_allclose(got[0, s:], ref[s:], rtol=2e-4, atol=2e-4)
+    assert np.all(got[0, :s] == 0.0)
+
+
+def test_policy_loss_with_prompt_logits_skipped_has_the_same_loss_and_gradients():
+    """`PolicyLossConfig.logits_from` = the prompt width changes nothing the loss sees (no
+    loss before it), with and without the entropy bonus."""
+    from wmrl.models.train_steps import PolicyLossConfig, policy_loss_fn
+
+    model = Transformer(CFG, rngs=nnx.Rngs(6))
+    rng = np.random.default_rng(0)
+    B, P, N = 3, 5, 6
+    tokens = rng.integers(1, CFG.vocab_size, (B, P + N))
+    input_mask = np.ones((B, P + N), bool)
+    input_mask[0, :2] = False  # a left-padded prompt
+    input_mask[1, P + 4 :] = False  # a completion that ended early
+    loss_mask = np.concatenate([np.zeros((B, P)), input_mask[:, P:]], 1).astype(np.float32)
+    batch = {
+        "tokens": jnp.asarray(tokens), "input_mask": jnp.asarray(input_mask),
+        "loss_mask": jnp.asarray(loss_mask),
+        "old_logp": jnp.asarray(-2.0 + 0.3 * rng.standard_normal((B, P + N)) * loss_mask),
+        "ref_logp": jnp.asarray(-2.5 + 0.3 * rng.standard_normal((B, P + N)) * loss_mask),
+        "advantages": jnp.asarray([0.5, -1.0, 0.25]),
+    }  # fmt: skip
+    for entropy_coef in (0.0, 0.01):
+        out = []
+        for logits_from in (0, P):
+            cfg = PolicyLossConfig(kl_coef=0.05, entropy_coef=entropy_coef, logits_from=logits_from)
+            fn = policy_loss_fn(cfg)
+            (loss, metrics), grads = nnx.value_and_grad(
+                lambda m, fn=fn: fn(m, batch, float(loss_mask.sum())), has_aux=True
+            )(model)
+            out.append((loss, metrics, nnx.to_pure_dict(grads)))
+        (l0, m0, g0), (l1, m1, g1) = out
+        np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6)
+        for k in m0:
+            np.testing.assert_allclose(m1[k][0], m0[k][0], rtol=1e-5, atol=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g0)

@@ -4,6 +4,9 @@
   python -m wmrl.benchmarks.train_step --config=configs/model_small.py --peak_flops=989e12
 
 `--peak_flops` is the per-device peak (e.g. 989e12 for H100/H200 dense bf16).
+The batch's first quarter of columns is a prompt (no loss); `--skip_prompt_logits` does not
+unembed it (`PolicyLossConfig.logits_from`), as the RL trainer does. MFU still counts the
+full unembedding, so compare step times, not MFU, between the two.
 Model FLOPs per token are the usual `6 N + 12 L H Dh T` (N = parameters used
 in matmuls, so the input-embedding lookup is excluded unless tied to the
 output; the second term is attention's score and value products), counted
@@ -39,6 +42,7 @@ flags.DEFINE_float("peak_flops", None, "peak FLOP/s of one device, for the MFU f
 flags.DEFINE_integer("steps", 5, "timed steps (after one compile+warm-up step)")
 flags.DEFINE_integer("batch_size", None, "override the config's batch_size")
 flags.DEFINE_integer("seq_len", None, "override the config's seq_len")
+flags.DEFINE_bool("skip_prompt_logits", False, "no logits for the prompt quarter of the row")
 flags.DEFINE_string("out", None, "write the figures to this JSON file")
 FLAGS = flags.FLAGS
 
@@ -53,10 +57,14 @@ def flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
     return 6.0 * matmul_params + attention
 
 
+def prompt_len(T: int) -> int:
+    return T // 4
+
+
 def _batch(cfg: TransformerConfig, B: int, T: int) -> dict:
     rng = np.random.default_rng(0)
     loss_mask = np.zeros((B, T), np.float32)
-    loss_mask[:, T // 4 :] = 1.0
+    loss_mask[:, prompt_len(T) :] = 1.0
     return {
         "tokens": rng.integers(4, cfg.vocab_size, (B, T)).astype(np.int32),
         "input_mask": np.ones((B, T), bool),
@@ -77,9 +85,10 @@ def run() -> dict:
     graphdef, state = init_train_state(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), tx, mesh)
     batch = _batch(cfg, B, T)
     shardings = jax.tree.map(lambda x: x.sharding, state)
+    logits_from = prompt_len(T) if FLAGS.skip_prompt_logits else 0
+    loss_cfg = PolicyLossConfig(kl_coef=0.01, logits_from=logits_from)
     step = make_policy_train_step(
-        graphdef, tx, shardings, batch, mesh, PolicyLossConfig(kl_coef=0.01),
-        config.num_micro_batches,
+        graphdef, tx, shardings, batch, mesh, loss_cfg, config.num_micro_batches,
     )  # fmt: skip
     batch = jax.device_put(batch, batch_shardings(batch, mesh))
     t0 = time.perf_counter()
@@ -104,6 +113,7 @@ def run() -> dict:
         "num_params": num_params(cfg),
         "batch_size": B,
         "seq_len": T,
+        "logits_from": logits_from,
         "num_micro_batches": config.num_micro_batches,
         "dtype": cfg.dtype,
         "remat": cfg.remat,

@@ -30,7 +30,7 @@ from wmrl.models.sharding import batch_sharding, constrain, param_shardings
 from wmrl.models.transformer import (
     Transformer,
     causal_padding_mask,
-    logprobs_from_logits,
+    logprobs_from_hidden,
     positions_from_mask,
     token_logprobs,
 )
@@ -56,6 +56,8 @@ class PolicyLossConfig:
     kl_estimator: str = "k3"
     kl_clamp: float | None = None
     entropy_coef: float = 0.0
+    # Static width of the prompt region (no loss there): logits only from this column on.
+    logits_from: int = 0
 
 
 def abstract_model(factory: Callable[[], nnx.Module]) -> tuple[nnx.GraphDef, nnx.State]:
@@ -196,13 +198,14 @@ def policy_loss_fn(cfg: PolicyLossConfig) -> LossFn:
 
     def loss_fn(model: Transformer, mb: dict, normaliser):
         tokens, input_mask = mb["tokens"], mb["input_mask"]
-        logits, _ = model(tokens, positions_from_mask(input_mask), causal_padding_mask(input_mask))
-        logp = logprobs_from_logits(logits, tokens, input_mask)
+        positions, mask = positions_from_mask(input_mask), causal_padding_mask(input_mask)
+        h, _ = model.hidden(tokens, positions, mask)
+        logp, logits = logprobs_from_hidden(model, h, tokens, input_mask, cfg.logits_from)
         entropy = None
         if cfg.entropy_coef:
             lsm = jax.nn.log_softmax(logits, axis=-1)
             ent = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)  # entropy of the next-token dist
-            entropy = jnp.pad(ent[:, :-1], ((0, 0), (1, 0)))
+            entropy = jnp.pad(ent, ((0, 0), (tokens.shape[1] - ent.shape[1], 0)))
         loss_sum, metrics = token_policy_loss(
             logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["loss_mask"],
             clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
@@ -239,13 +242,14 @@ def make_wm_train_step(
     )  # fmt: skip
 
 
-def make_logprobs_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
+def make_logprobs_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh, start: int = 0):
     """Jitted `(params, tokens, input_mask) -> [B, T]` log-probs (`token_logprobs`) with the
     train state's parameter shardings: recomputes `old_logp`/`ref_logp` for a batch,
-    e.g. with a frozen copy of the initial params as the reference policy."""
+    e.g. with a frozen copy of the initial params as the reference policy. With `start`,
+    only the columns from `start` on (the completions after a `start`-wide prompt)."""
 
     def fn(params, tokens, input_mask):
-        return token_logprobs(nnx.merge(graphdef, params), tokens, input_mask)
+        return token_logprobs(nnx.merge(graphdef, params), tokens, input_mask, start)
 
     data = batch_sharding(mesh, 2)
     jitted = jax.jit(fn, in_shardings=(shardings.params, data, data), out_shardings=data)

@@ -275,19 +275,35 @@ def init_cache(cfg: TransformerConfig, batch: int, length: int, dtype=None) -> K
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
-def logprobs_from_logits(logits: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-    """`[B, T, V]` logits of a forward pass over `tokens: [B, T]` -> `[B, T]` log-probs with
-    `out[:, t] = log p(tokens[t] | tokens[<t])`, `out[:, 0] = 0`, zero on padding."""
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    return jnp.pad(picked, ((0, 0), (1, 0))) * mask.astype(picked.dtype)
+def logprobs_from_hidden(
+    model: Transformer, h: jax.Array, tokens: jax.Array, mask: jax.Array, start: int = 0
+) -> tuple[jax.Array, jax.Array]:
+    """`[B, T, D]` final hidden states -> (`[B, T]` log-probs with
+    `out[:, t] = log p(tokens[t] | tokens[<t])`, zero on padding, and the `[B, T - s, V]`
+    logits they came from), unembedding only the positions that predict tokens from
+    `s = max(start, 1)` on; the log-probs before column `s` are 0.
+
+    A static `start` (the width of a left-padded prompt region that carries no loss) skips
+    the prompt's unembedding and log-softmax, which for a small model with a large vocabulary
+    is a large share of the forward and backward cost (d=128, V=4000: the unembedding's
+    gradient step alone is ~30% cheaper with 96 of 352 columns skipped).
+    """
+    s = max(int(start), 1)
+    logits = model.logits(h[:, s - 1 : -1])
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, s:, None], axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (s, 0))) * mask.astype(picked.dtype), logits
 
 
-def token_logprobs(model: Transformer, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+def token_logprobs(
+    model: Transformer, tokens: jax.Array, mask: jax.Array, start: int = 0
+) -> jax.Array:
     """Training-side log-probs: `[B, T]` with `out[:, t] = log p(tokens[t] | tokens[<t])`.
 
     `mask: [B, T]` marks real (non-pad) tokens; `out[:, 0] = 0` (no prefix). This
-    is the reference the sampler's log-probs are tested against.
+    is the reference the sampler's log-probs are tested against. With a static `start`, only
+    columns `>= start` are computed (zeros before; `logprobs_from_hidden`): exact for every
+    caller that scores nothing before `start`, e.g. completions after a `start`-wide prompt.
     """
-    logits, _ = model(tokens, positions_from_mask(mask), causal_padding_mask(mask))
-    return logprobs_from_logits(logits, tokens, mask)
+    h, _ = model.hidden(tokens, positions_from_mask(mask), causal_padding_mask(mask))
+    return logprobs_from_hidden(model, h, tokens, mask, start)[0]

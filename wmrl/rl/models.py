@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -193,21 +194,25 @@ def build_wm(config, vocab_size: int, tx, mesh, seed: int, trunk_params=None) ->
     return _build(lambda: WorldModel(cfg, rngs=nnx.Rngs(seed)), tx, mesh)
 
 
-def sft_loss_fn(model: Transformer, mb: dict, normaliser):
-    """Token cross-entropy on the script tokens (prompt tokens carry no loss)."""
-    logp = token_logprobs(model, mb["tokens"], mb["input_mask"])
+def sft_loss_fn(model: Transformer, mb: dict, normaliser, start: int = 0):
+    """Token cross-entropy on the script tokens (prompt tokens carry no loss; with `start` =
+    the prompt width, their logits are not computed)."""
+    logp = token_logprobs(model, mb["tokens"], mb["input_mask"], start)
     nll = -jnp.sum(logp * mb["loss_mask"])
     return nll / normaliser, {"nll": (nll, jnp.sum(mb["loss_mask"]))}
 
 
-def sft_step(m: Model, example: dict):
-    return make_train_step(
-        m.graphdef, m.tx, sft_loss_fn, masked_token_count, m.shardings, example, m.mesh
-    )
+def sft_step(m: Model, example: dict, prompt_width: int = 0):
+    """The SFT train step; rows carry no loss in their first `prompt_width` columns."""
+    loss = functools.partial(sft_loss_fn, start=prompt_width)
+    return make_train_step(m.graphdef, m.tx, loss, masked_token_count, m.shardings, example, m.mesh)
 
 
 def policy_step(m: Model, example: dict, config):
-    loss = PolicyLossConfig(clip_eps=config.rl.clip_eps, kl_coef=config.rl.kl_coef)
+    loss = PolicyLossConfig(
+        clip_eps=config.rl.clip_eps, kl_coef=config.rl.kl_coef,
+        logits_from=config.data.max_prompt_len,  # the rows' prompt width (no loss there)
+    )  # fmt: skip
     micro = config.rl.get("num_micro_batches", 1)
     return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss, micro)
 

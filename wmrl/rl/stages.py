@@ -117,7 +117,7 @@ def warm_start(config, prepared, policy: models.Model, stage_dir: epath.Path, pr
     m = policy.with_optimizer(tx)
     rng = np.random.default_rng(config.seed)
     example = {k: v[:bs] for k, v in rows.items()}
-    step = models.sft_step(m, example)
+    step = models.sft_step(m, example, prompt_width=config.data.max_prompt_len)
     state, t0, nll = m.state, time.monotonic(), float("nan")
     order = np.zeros(0, np.int64)
     bar = tqdm(range(steps), desc="warm start (SFT)", disable=not progress)

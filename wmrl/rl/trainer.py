@@ -336,7 +336,8 @@ class Trainer:
         )  # fmt: skip
         self.eval_sc = dataclasses.replace(self.sc, num_samples=config.rl.eval_samples)
         self.max_len = models.seq_len(config)
-        self.logprobs = make_logprobs_fn(policy.graphdef, policy.shardings, policy.mesh)
+        # Rows are [prompt: P columns, left-padded | completion]: log-probs from column P on.
+        self.logprobs = make_logprobs_fn(policy.graphdef, policy.shardings, policy.mesh, self.P)
         self.wm_score = make_wm_score_fn(wm.graphdef, wm.shardings, wm.mesh)
         self.train = self.prepared.train_tasks
         tasks = self.train + prepared.heldout_tasks
