@@ -245,13 +245,18 @@ def run(
             last = st.step == steps or out_of_time()
             do_eval = st.step % config.rl.eval_every == 0 or last or _eval_due_s(config, st)
             do_save = st.step % config.rl.checkpoint_every == 0 or last
+            trained_s = st.wall_time_s  # the policy this step made exists from here on
             if do_eval or do_save:  # untimed work: background anchors finish first, timed
                 st, drain_s = trainer.drain(st)
                 # The wait counts as training time and can use up the budget: the loop ends
                 # here then, and a run always ends with an evaluation of its final policy.
                 do_eval = do_eval or out_of_time()
             if do_eval:
-                ev = {**trainer.evaluate(st), "anchor_drain_s": drain_s}
+                # Stamped when its policy existed: the wait for the anchors still executing
+                # (which an uninterrupted run overlaps with its next step) does not change the
+                # policy; it is counted in wall_time_s all the same, so every later step and
+                # evaluation carries it.
+                ev = {**trainer.evaluate(st), "wall_time_s": trained_s, "anchor_drain_s": drain_s}
                 st.evals.append(ev)
                 log.write("metrics.jsonl", [{"kind": "eval", **ev}])
             if do_save:
