@@ -16,7 +16,7 @@ from tests.test_main_cli import TINY
 from wmrl import storage
 from wmrl.jsonl import JsonlWriter, read_jsonl
 from wmrl.rl import stages
-from wmrl.rl.trainer import AnchorJournal
+from wmrl.rl.anchors import AnchorJournal
 
 
 def main_in_process(monkeypatch, workdir, *overrides):

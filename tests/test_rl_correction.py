@@ -2,6 +2,7 @@
 anchors use real rewards, WM groups calibrated WM scores, ungraded trajectories are masked,
 and the anchor weight reaches only the anchor groups' advantages. Plus the WM replay."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ from wmrl.core.denoise import DenoiseConfig, DenoiseState
 from wmrl.core.state import CorrectionState, init_correction_state
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.rl.config import MODE_SPECS
-from wmrl.rl.trainer import Replay, correct_rewards
+from wmrl.rl.state import Replay
+from wmrl.rl.trainer import correct_rewards
 
 G = 3
 # Two bins over [0, 1]: centres 0.25 and 0.75. Pairs put E[r_env | bin 0] = 0 and
@@ -142,17 +144,17 @@ def test_replay_keeps_only_graded_real_outcomes_and_wraps():
     rp = Replay.empty(capacity=3, width=2)
     rows = {"tokens": np.arange(8).reshape(4, 2), "input_mask": np.ones((4, 2), bool)}
     status = np.array([Status.VALID, Status.UNGRADED, Status.RUNTIME_ERROR, Status.VALID])
-    rp.add(rows, np.array([0.9, 0.0, 0.1, 0.7], np.float32), status.astype(np.int32))
+    rp = rp.add(rows, np.array([0.9, 0.0, 0.1, 0.7], np.float32), status.astype(np.int32))
     assert rp.count == 3 and rp.next == 0
     np.testing.assert_allclose(rp.target, [0.9, 0.1, 0.7])
     np.testing.assert_array_equal(rp.tokens[:, 0], [0, 4, 6])
-    rp.add(
+    rp = rp.add(
         {k: v[:1] for k, v in rows.items()},
         np.array([0.5], np.float32),
         status[:1].astype(np.int32),
     )
     np.testing.assert_allclose(rp.target, [0.5, 0.1, 0.7])  # oldest overwritten
-    back = Replay.from_tree(rp.to_tree())
+    back = jax.tree.unflatten(jax.tree.structure(rp), [np.asarray(x) for x in jax.tree.leaves(rp)])
     assert back.count == 3 and back.next == 1
     np.testing.assert_array_equal(
         back.class_label, [Status.VALID, Status.RUNTIME_ERROR, Status.VALID]

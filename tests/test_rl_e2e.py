@@ -268,7 +268,7 @@ def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
         assert flagged > 0  # the fixture's policy writes some of both
 
         # A restart loses the in-flight futures: the pending rows are submitted again.
-        trainer._inflight = None
+        trainer.anchors.forget()
         _, m3, _ = trainer.run_step(st2)
         assert m3["anchor_outcomes_from_step"] == 2
         again = [j for j in read_jsonl(tmp_path / "anchors.jsonl") if j["step"] == 1]

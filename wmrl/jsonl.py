@@ -27,12 +27,25 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+def drop_torn_tail(path: str | os.PathLike) -> None:
+    """Cut a local file's last line if a kill left it half-written (no final newline), so
+    that the next append starts a line of its own instead of being glued to the torn one
+    (and lost with it)."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            f.truncate(keep)
+
+
 class JsonlWriter:
     """Appends records to a JSON-lines file, locally or on an object store.
 
     Local path: each `write` appends its records and flushes them to the OS (and fsyncs
     them with `fsync=True`) before returning; a kill may cut the last line, which
-    `read_jsonl` skips.
+    `read_jsonl` skips and the writer cuts off before its first append.
 
     Remote URL (`gs://...`): object stores cannot append (an object is written whole) nor
     fsync, so the writer keeps the file's records in memory (the existing ones are read back
@@ -60,7 +73,11 @@ class JsonlWriter:
         self._dirty = False
         self._last_flush = time.monotonic()
         if create and self.local:
-            self._f = open(self.path, "a")  # noqa: SIM115 - closed in close()
+            self._open()
+
+    def _open(self) -> None:
+        drop_torn_tail(self.path)
+        self._f = open(self.path, "a")  # noqa: SIM115 - closed in close()
 
     def _remote_lines(self) -> list[str]:
         if self._lines is None:
@@ -72,7 +89,7 @@ class JsonlWriter:
             return
         if self.local:
             if self._f is None:
-                self._f = open(self.path, "a")  # noqa: SIM115 - closed in close()
+                self._open()
             for r in records:
                 self._f.write(json.dumps(r) + "\n")
             self._f.flush()

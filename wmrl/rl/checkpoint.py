@@ -2,7 +2,8 @@
 
 One checkpoint (a step directory of `<workdir>/checkpoints`) holds, as one Orbax composite:
 
-* `state`: policy and WM train states (params + optimiser states), the frozen reference
+* `state`: the `wmrl.rl.state.RunState` pytree, saved and restored as it is: policy and WM
+  train states (params + optimiser states), the frozen reference
   policy, the correction state (pair window, fitted map, disagreement EMA, frozen scale),
   the WM replay buffer of real outcomes, the pending anchors (`rl.anchor_lag`: the last
   step's anchor rows, not yet trained on; resubmitted on resume, journal hits reused), and
@@ -37,49 +38,29 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from wmrl import distributed, storage
-from wmrl.core.state import CorrectionState
+from wmrl.config_errors import ConfigError
 from wmrl.rl.models import abstract_like
-from wmrl.rl.trainer import Pending, Replay, RunState
+from wmrl.rl.state import RunState
 
 log = logging.getLogger(__name__)
 
 
-def _tree(st: RunState, key) -> dict:
-    tree = {
-        "policy": st.policy,
-        "ref_params": st.ref_params,
-        "wm": st.wm,
-        "correction": st.correction,
-        "replay": st.replay.to_tree(),
-        "pending": _pending_tree(st),
-        "rng": jax.random.key_data(key),
-    }
+def _saveable(st: RunState) -> RunState:
     if jax.process_count() > 1:
         # Orbax refuses a process-local jax.Array with several processes: the correction
         # state and the key (computed identically on every process) are saved as numpy.
         local = lambda x: isinstance(x, jax.Array) and x.is_fully_addressable
-        tree = jax.tree.map(lambda x: np.asarray(x) if local(x) else x, tree)
-    return tree
-
-
-def _pending_tree(st: RunState) -> dict:
-    """The anchors pending at the save (`rl.anchor_lag`), in a layout that does not depend
-    on whether any are: one restore template fits every checkpoint of a run."""
-    if st.pending is not None:
-        return st.pending.to_tree()
-    n_rows, width = st.pending_shape
-    return Pending.empty_tree(n_rows, width)
+        st = jax.tree.map(lambda x: np.asarray(x) if local(x) else x, st)
+    return st
 
 
 def _meta(st: RunState, seed: int) -> dict:
-    return {
-        "step": st.step,
-        "wall_time_s": st.wall_time_s,
-        "real_executions": st.real_executions,
-        "wm_calls": st.wm_calls,
-        "evals": st.evals,
-        "data_iterator": {"seed": seed, "next_step": st.step},
-    }
+    return {**st.counters(), "data_iterator": {"seed": seed, "next_step": st.step}}
+
+
+def _paths(tree) -> set[str]:
+    return {jax.tree_util.keystr(p, simple=True, separator="/")
+            for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}  # fmt: skip
 
 
 class Checkpointer:
@@ -90,23 +71,25 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
         )
 
-    def save(self, st: RunState, key, seed: int) -> None:
+    def save(self, st: RunState, seed: int) -> None:
         self.manager.save(
             st.step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(_tree(st, key)),
+                state=ocp.args.StandardSave(_saveable(st)),
                 meta=ocp.args.JsonSave(_meta(st, seed)),
             ),
             force=True,
         )
         self.manager.wait_until_finished()
 
-    def restore_latest(self, like: RunState, key) -> RunState | None:
+    def restore_latest(self, like: RunState) -> RunState | None:
         """The newest checkpoint that restores; None if there is none. Corrupt ones are
-        reported (with the reason) and skipped."""
-        template = _tree(like, key)
-        abstract = abstract_like(template)
+        reported (with the reason) and skipped. A checkpoint whose layout is not `like`'s
+        (written by another version of wmrl) is refused with a ConfigError naming the
+        differences: it is neither corrupt nor a reason to restart silently."""
+        abstract = abstract_like(_saveable(like))
         for step in sorted(self.manager.all_steps(), reverse=True):
+            self._check_layout(step, like)
             error = None
             try:
                 out = self.manager.restore(
@@ -131,22 +114,32 @@ class Checkpointer:
                 log.warning(msg)
                 print(f"warning: {msg}", flush=True)
                 continue
-            tree, meta = out["state"], out["meta"]
-            return RunState(
-                step=int(meta["step"]),
-                policy=tree["policy"],
-                ref_params=tree["ref_params"],
-                wm=tree["wm"],
-                correction=_as_correction(tree["correction"], like.correction),
-                replay=Replay.from_tree(jax.tree.map(np.asarray, tree["replay"])),
-                pending=Pending.from_tree(jax.tree.map(np.asarray, tree["pending"])),
-                pending_shape=like.pending_shape,
-                wall_time_s=float(meta["wall_time_s"]),
-                real_executions=int(meta["real_executions"]),
-                wm_calls=int(meta["wm_calls"]),
-                evals=list(meta["evals"]),
-            )
+            st, meta = out["state"], out["meta"]
+            host = lambda tree: jax.tree.map(np.asarray, tree)  # host-side parts as numpy
+            return st.replace(
+                replay=host(st.replay), pending=host(st.pending), rng=np.asarray(st.rng),
+                **{k: meta[k] for k in like.counters()},
+            )  # fmt: skip
         return None
+
+    def _check_layout(self, step: int, like: RunState) -> None:
+        """Refuse a checkpoint whose arrays are not those of `like` (by name)."""
+        try:
+            meta = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
+            saved = _paths(meta)
+        except Exception:  # unreadable metadata: a corrupt checkpoint, handled by restore
+            return
+        want = _paths(like)
+        if saved == want:
+            return
+        missing, extra = sorted(want - saved), sorted(saved - want)
+        raise ConfigError(
+            "--workdir",
+            f"checkpoint {self.directory / str(step)} has another layout than this version of "
+            f"wmrl writes (missing: {', '.join(missing[:8]) or 'none'}; unexpected: "
+            f"{', '.join(extra[:8]) or 'none'}): it was written by another version. Resume "
+            "it with that version or start a new --workdir (nothing was changed)",
+        )
 
     def _quarantine(self, step: int) -> epath.Path:
         """Move a checkpoint that failed to restore out of the manager's directory (kept for
@@ -177,11 +170,3 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
-
-
-def _as_correction(tree, like: CorrectionState) -> CorrectionState:
-    return (
-        tree
-        if isinstance(tree, CorrectionState)
-        else jax.tree.unflatten(jax.tree.structure(like), jax.tree.leaves(tree))
-    )

@@ -20,7 +20,7 @@ written there, except the data stage, whose sandboxed subprocesses need local fi
 to `config.data_dir` (which must be local) or else to a local cache folder
 (`wmrl.storage.local_cache_dir`). On an object store, metrics.jsonl and pairs.jsonl are
 uploaded whole before every checkpoint (and at the end), the journal at the end of every RL
-step (see `wmrl.jsonl.JsonlWriter` and `wmrl.rl.trainer.AnchorJournal`).
+step (see `wmrl.jsonl.JsonlWriter` and `wmrl.rl.anchors.AnchorJournal`).
 
 Wall-clock (`wall_time_s`) counts RL steps only (generation, execution, WM scoring,
 training); held-out evaluations, checkpoint writes and the one-time XLA compilation of the
@@ -29,7 +29,7 @@ identically in every mode, and time lost to a preemption after the last checkpoi
 counted twice.
 
 Several JAX processes (`wmrl.main` on a pod) run `run` together on the same global batch:
-each runs its own sandbox pool and journal (`wmrl.rl.trainer`), checkpoints are saved and
+each runs its own sandbox pool and journal (`wmrl.rl.anchors`), checkpoints are saved and
 restored by all of them (Orbax), and only the process with `write_outputs` writes
 metrics.jsonl, pairs.jsonl, tb/, plots/ and summary.json.
 """
@@ -216,7 +216,7 @@ def run(
     trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, workdir)
     try:
         st = trainer.initial_state(policy_params, wm_params)
-        restored = ckpt.restore_latest(st, trainer.key)
+        restored = ckpt.restore_latest(st)
         if restored is not None:
             st = restored
             print(f"resuming from the checkpoint of step {st.step}", flush=True)
@@ -228,7 +228,7 @@ def run(
             st.evals.append(ev)
             log.write("metrics.jsonl", [{"kind": "eval", **ev}])
             log.flush()  # before the checkpoint: records never lag behind it
-            ckpt.save(st, trainer.key, config.seed)
+            ckpt.save(st, config.seed)
         steps, budget = config.rl.steps, config.rl.get("max_wall_time_s", 0.0)
         compile_s = 0.0
         if st.step < steps:
@@ -261,7 +261,7 @@ def run(
                 log.write("metrics.jsonl", [{"kind": "eval", **ev}])
             if do_save:
                 log.flush()
-                ckpt.save(st, trainer.key, config.seed)
+                ckpt.save(st, config.seed)
             bar.update((_bar_time(st, budget) if budget else st.step) - bar.n)
             bar.set_postfix(
                 step=st.step,

@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import math
 import time
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 
 import jax
@@ -50,184 +47,14 @@ from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import CorrectionState, init_correction_state
 from wmrl.envs.autoresearch.grader import Status, static_outcome
 from wmrl.envs.autoresearch.grader import reward as status_reward
-from wmrl.jsonl import JsonlWriter, read_jsonl
 from wmrl.models.sampler import SamplingConfig, generate
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
 from wmrl.models.world_model import spearman
 from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
 from wmrl.rl import models
-
-REPLAY_ARRAYS = ("tokens", "input_mask", "target", "class_label", "valid")
-
-
-@dataclasses.dataclass
-class Replay:
-    """Fixed-capacity ring buffer of real outcomes (the WM's online training data)."""
-
-    tokens: np.ndarray
-    input_mask: np.ndarray
-    target: np.ndarray
-    class_label: np.ndarray
-    valid: np.ndarray
-    count: int = 0  # filled rows
-    next: int = 0  # write position
-
-    @classmethod
-    def empty(cls, capacity: int, width: int) -> Replay:
-        return cls(
-            tokens=np.zeros((capacity, width), np.int32),
-            input_mask=np.zeros((capacity, width), bool),
-            target=np.zeros(capacity, np.float32),
-            class_label=np.full(capacity, -1, np.int32),
-            valid=np.zeros(capacity, bool),
-        )
-
-    def add(self, rows: dict, target: np.ndarray, status: np.ndarray) -> None:
-        graded = status != int(Status.UNGRADED)
-        for i in np.nonzero(graded)[0]:
-            j = self.next
-            self.tokens[j] = rows["tokens"][i]
-            self.input_mask[j] = rows["input_mask"][i]
-            self.target[j] = target[i]
-            self.class_label[j] = status[i]
-            self.valid[j] = True
-            self.next = (j + 1) % len(self.target)
-            self.count = min(self.count + 1, len(self.target))
-
-    def arrays(self) -> dict:
-        return {k: getattr(self, k) for k in REPLAY_ARRAYS}
-
-    def to_tree(self) -> dict:
-        return {**self.arrays(), "count": np.int64(self.count), "next": np.int64(self.next)}
-
-    @classmethod
-    def from_tree(cls, tree: dict) -> Replay:
-        arrays = {k: np.asarray(tree[k]) for k in REPLAY_ARRAYS}
-        return cls(**arrays, count=int(tree["count"]), next=int(tree["next"]))
-
-
-TOKEN_ARRAYS = ("tokens", "input_mask", "loss_mask", "old_logp")  # per-token rows of a batch
-PENDING_ARRAYS = ("rows", *TOKEN_ARRAYS, "ref_logp", "r_wm")
-
-
-@dataclasses.dataclass
-class Pending:
-    """The anchor rows of step `step` (0-based), submitted for execution and not yet trained
-    on (`rl.anchor_lag = 1`): what the next step needs to train on them once their outcomes
-    are in. `rows` are their row indices in step `step`'s batch (the journal's keys); the
-    tasks are a pure function of the step (`Trainer._tasks_for_step`) and the scripts decode
-    from the tokens, so a resumed run resubmits them (journal hits are not executed again)."""
-
-    step: int
-    rows: np.ndarray  # [A*G] int64
-    tokens: np.ndarray  # [A*G, L] and the other per-token arrays of the step's batch
-    input_mask: np.ndarray
-    loss_mask: np.ndarray
-    old_logp: np.ndarray
-    ref_logp: np.ndarray
-    r_wm: np.ndarray  # [A*G] raw WM scores at generation time (the pairs' r_wm)
-
-    def to_tree(self) -> dict:
-        return {"step": np.int64(self.step), **{k: getattr(self, k) for k in PENDING_ARRAYS}}
-
-    @classmethod
-    def empty_tree(cls, n: int, width: int) -> dict:
-        """The checkpoint layout with nothing pending (`step` = -1): a fixed tree structure
-        whatever the state, so one restore template fits every checkpoint of a run."""
-        f = lambda dtype: np.zeros((n, width), dtype)
-        return {"step": np.int64(-1), "rows": np.zeros(n, np.int64), "tokens": f(np.int32),
-                "input_mask": f(bool), "loss_mask": f(np.float32), "old_logp": f(np.float32),
-                "ref_logp": f(np.float32), "r_wm": np.zeros(n, np.float32)}  # fmt: skip
-
-    @classmethod
-    def from_tree(cls, tree: dict) -> Pending | None:
-        step = int(tree["step"])
-        if step < 0:
-            return None
-        return cls(step=step, **{k: np.asarray(tree[k]) for k in PENDING_ARRAYS})
-
-
-@dataclasses.dataclass
-class RunState:
-    """Everything that changes during RL (checkpointed as one unit)."""
-
-    step: int
-    policy: TrainState
-    ref_params: dict
-    wm: TrainState
-    correction: CorrectionState
-    replay: Replay
-    wall_time_s: float = 0.0
-    real_executions: int = 0
-    wm_calls: int = 0
-    evals: list = dataclasses.field(default_factory=list)  # [{"step", "wall_time_s", ...}]
-    # With `rl.anchor_lag = 1`: the anchor rows of the last step, executing while the next
-    # step generates; that step trains on them (`Pending`). None when nothing is pending.
-    pending: Pending | None = None
-    pending_shape: tuple = (1, 1)  # (rows, width) of a Pending: the checkpoint layout
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-class AnchorJournal:
-    """Append-only record of completed real executions, keyed by (step, row, script hash).
-
-    Read back on resume so a step that is redone after preemption reuses what it already
-    executed. In a local workdir each record is written, flushed and fsynced as its execution
-    completes. On an object store (gs://...: no append, no fsync) the records are uploaded
-    (the whole file, `wmrl.jsonl.JsonlWriter`) by `flush`, which the RL loop calls at the end
-    of every step, and by `record` once FLUSH_EVERY_S have passed since the last upload: a
-    preemption loses only records of the step in progress written since the last upload,
-    and the redone step executes those scripts again.
-    """
-
-    FLUSH_EVERY_S = 30.0
-
-    def __init__(self, path: Path, read_also: Iterable[Path] = ()):
-        """Appends to `path`; lookups also see the records of `read_also` (the journals of
-        other processes, or of a run resumed with another process count)."""
-        self.path = path
-        self.done = {}
-        for p in [*read_also, path]:  # this journal last: its records win
-            self.done.update({(rec["step"], rec["row"]): rec for rec in read_jsonl(p)})
-        self._w = JsonlWriter(path, fsync=True, flush_every_s=self.FLUSH_EVERY_S, create=True)
-
-    def lookup(self, step: int, row: int, script: str) -> dict | None:
-        rec = self.done.get((step, row))
-        return rec if rec is not None and rec["sha"] == _sha(script) else None
-
-    def record(self, step: int, row: int, script: str, task_id: str, status: int, reward) -> dict:
-        if reward is not None and math.isnan(reward):
-            reward = None
-        rec = {"step": step, "row": row, "sha": _sha(script), "task_id": task_id,
-               "status": int(status), "reward": reward}  # fmt: skip
-        self._w.write([rec])
-        self.done[(step, row)] = rec
-        return rec
-
-    def flush(self) -> None:
-        self._w.flush()
-
-    def close(self) -> None:
-        self._w.close()
-
-
-def journal_path(workdir: Path, process_index: int, process_count: int) -> Path:
-    """The journal a process appends to: `anchors.jsonl`, or with several processes
-    `anchors.p{index}.jsonl` (each host journals the executions it ran, so no two processes
-    ever append to one file)."""
-    name = "anchors.jsonl" if process_count == 1 else f"anchors.p{process_index}.jsonl"
-    return workdir / name
-
-
-def open_journal(workdir: Path) -> AnchorJournal:
-    """This process's journal, reading every journal of the workdir for reuse."""
-    path = journal_path(workdir, jax.process_index(), jax.process_count())
-    others = sorted(p for p in workdir.glob("anchors*.jsonl") if p.name != path.name)
-    return AnchorJournal(path, read_also=others)
+from wmrl.rl.anchors import AnchorQueue, open_journal
+from wmrl.rl.state import TOKEN_ARRAYS, Pending, Replay, RunState
 
 
 def correct_rewards(
@@ -348,7 +175,7 @@ class Trainer:
         # Anchor rows one step behind (rl.anchor_lag): only where a WM stream scores the
         # rest; `real` executes every group and stays synchronous GRPO.
         self.lag = int(config.rl.get("anchor_lag", 0)) if self.spec.uses_wm else 0
-        self._inflight = None  # the previous step's submitted anchors (see `drain`)
+        self.anchors = AnchorQueue(self.journal, pool, self.lag)
         # Outcomes known without execution (`rl.static_check`): a script that does not compile
         # gets MALFORMED's exact reward ("compile"), one that reads a name it never defines
         # also RUNTIME_ERROR's ("names"), instead of a WM score.
@@ -356,6 +183,7 @@ class Trainer:
         self.static_check = level != "off"
         self.static_names = level == "names"
         self.num_anchor_rows = int(num_anchor_groups(self.B, self.B, self.routing)) * self.G
+        self.no_pending = Pending.empty(max(self.num_anchor_rows, 1), self.max_len)
         self._correct = jax.jit(
             functools.partial(
                 correct_rewards, group_size=self.G, spec=self.spec, debias_cfg=self.debias_cfg,
@@ -371,13 +199,13 @@ class Trainer:
         self.wm = dataclasses.replace(self.wm, tx=models.adam(self.config.wm.online_learning_rate))
         ref = jax.tree.map(jnp.copy, policy_params)
         return RunState(
-            step=0,
             policy=self.policy.new_state(policy_params, self.policy.tx),
             ref_params=ref,
             wm=self.wm.new_state(wm_params, self.wm.tx),
             correction=init_correction_state(self.debias_cfg),
             replay=Replay.empty(self.config.wm.replay_size, self.max_len),
-            pending_shape=(max(self.num_anchor_rows, 1), self.max_len),
+            pending=self.no_pending,
+            rng=np.asarray(jax.random.key_data(self.key)),
         )
 
     def warmup(self, st: RunState) -> float:
@@ -459,52 +287,6 @@ class Trainer:
         """The scripts of completions `[n, N]` (tokens where `cmask`)."""
         return [self.tok.decode(row[m.astype(bool)]) for row, m in zip(comp, cmask, strict=True)]
 
-    def _submit(self, step: int, rows, tasks, scripts) -> dict:
-        """Submit this process's share of the given anchor rows of `step` (row k goes to the
-        process `round_robin_owners(n)[k]`) to its own pool; journal hits are reused.
-        `rows` are the rows' indices in the step's batch (the journal's keys); `tasks` and
-        `scripts` are parallel to them. Returns {k: future or journal record}."""
-        owner = distributed.round_robin_owners(len(rows))
-        me = jax.process_index()
-        pending = {}
-        for k, row in enumerate(rows):
-            if owner[k] != me:
-                continue
-            hit = self.journal.lookup(step, int(row), scripts[k])
-            pending[k] = hit if hit is not None else self.pool.submit(tasks[k], scripts[k])
-        return pending
-
-    def _resolve(self, step: int, pending: dict, rows, tasks, scripts) -> int:
-        """Wait for this process's executions in `pending`, journalling each as it completes
-        and replacing its future by the record (in place); returns how many were new."""
-        new = 0
-        for k, item in pending.items():
-            if isinstance(item, dict):
-                continue
-            res = item.result()
-            reward = None if math.isnan(res.reward) else res.reward
-            pending[k] = self.journal.record(
-                step, int(rows[k]), scripts[k], tasks[k].id, res.status, reward
-            )
-            new += 1
-        return new
-
-    def _collect(self, step: int, pending: dict, rows, tasks, scripts, resolved_new: int = 0):
-        """Wait for this process's executions (`_resolve`), then merge every process's
-        outcomes: (r_env [n], status [n], executions not taken from a journal), the same on
-        every process. `resolved_new` counts those an earlier `_resolve` already waited for."""
-        n = len(rows)
-        new = self._resolve(step, pending, rows, tasks, scripts) + resolved_new
-        r_env = np.zeros(n, np.float32)
-        status = np.full(n, int(Status.UNGRADED), np.int32)
-        for k, rec in pending.items():
-            status[k] = rec["status"]
-            r_env[k] = 0.0 if rec["reward"] is None else rec["reward"]
-        owner = distributed.round_robin_owners(n)
-        out = distributed.merge_from_owners({"r_env": r_env, "status": status}, owner)
-        new = int(distributed.allgather_host(np.int64(new)).sum())
-        return out["r_env"], out["status"], new
-
     def _wm_scores(self, params, rows) -> dict:
         out = self.wm_score(params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]))
         return distributed.process_allgather_to_numpy(dict(out))
@@ -546,7 +328,7 @@ class Trainer:
         a_tasks = [row_tasks[i] for i in anchor_idx]
         a_scripts = [scripts[i] for i in anchor_idx]
         t_exec = time.monotonic()
-        pending = self._submit(step, anchor_idx, a_tasks, a_scripts)
+        submission = self.anchors.submit(step, anchor_idx, a_tasks, a_scripts)
         # While the anchors execute: WM scores and the reference policy's log-probs.
         if self.spec.uses_wm and wm_out is None:
             t0 = time.monotonic()
@@ -567,41 +349,35 @@ class Trainer:
         status = np.full(B * G, int(Status.UNGRADED), np.int32)
         origin = [(step, i) for i in range(B * G)]  # (step, row) each position trains on
         trained_tasks = list(row_tasks)
-        new_pending, n_collected, new_execs = None, len(anchor_idx), 0
-        if not self.lag or not len(anchor_idx):
-            r_env[anchor_idx], status[anchor_idx], new_execs = self._collect(
-                step, pending, anchor_idx, a_tasks, a_scripts
-            )
-            execute_s = anchor_wait_s = time.monotonic() - t_exec
-        else:
+        new_pending, n_collected, new_execs = self.no_pending, len(anchor_idx), 0
+        lagged = bool(self.lag and len(anchor_idx))
+        if lagged:
             new_pending = Pending(
-                step=step, rows=anchor_idx.astype(np.int64), ref_logp=ref_logp[anchor_idx],
-                r_wm=np.asarray(r_wm, np.float32)[anchor_idx],
+                step=np.int64(step), rows=anchor_idx.astype(np.int64),
+                ref_logp=ref_logp[anchor_idx], r_wm=np.asarray(r_wm, np.float32)[anchor_idx],
                 **{k: rows[k][anchor_idx] for k in TOKEN_ARRAYS},
             )  # fmt: skip
-            prev = st.pending
-            t0 = time.monotonic()
-            if prev is None:  # nothing executed yet: these positions train on nothing
-                rows["loss_mask"][anchor_idx] = 0.0
-                n_collected = 0
-            else:
-                r_env[anchor_idx], status[anchor_idx], new_execs = self._collect_pending(prev)
-                for k in TOKEN_ARRAYS:
-                    rows[k][anchor_idx] = getattr(prev, k)
-                ref_logp = np.array(ref_logp)  # a writable copy
-                ref_logp[anchor_idx] = prev.ref_logp
-                r_wm = np.array(r_wm, np.float32)
-                r_wm[anchor_idx] = prev.r_wm
-                for i, row, task in zip(
-                    anchor_idx, prev.rows, self._tasks_for_rows(prev.step, prev.rows), strict=True
-                ):
-                    origin[i], trained_tasks[i] = (prev.step, int(row)), task
-            anchor_wait_s = time.monotonic() - t0
-            execute_s = time.monotonic() - t_exec
-            self._inflight = {
-                "step": step, "pending": pending, "rows": new_pending.rows, "tasks": a_tasks,
-                "scripts": a_scripts, "resolved_new": 0,
-            }  # fmt: skip
+        prev = st.pending
+        t0 = time.monotonic()
+        got = self.anchors.exchange(submission, prev, self._describe)
+        if got is None:  # nothing executed yet: these positions train on nothing
+            rows["loss_mask"][anchor_idx] = 0.0
+            n_collected = 0
+        else:
+            r_env[anchor_idx], status[anchor_idx], new_execs = got.r_env, got.status, got.new
+        if got is not None and got.step != step:  # the previous step's rows, spliced in
+            for k in TOKEN_ARRAYS:
+                rows[k][anchor_idx] = getattr(prev, k)
+            ref_logp = np.array(ref_logp)  # a writable copy
+            ref_logp[anchor_idx] = prev.ref_logp
+            r_wm = np.array(r_wm, np.float32)
+            r_wm[anchor_idx] = prev.r_wm
+            for i, row, task in zip(
+                anchor_idx, prev.rows, self._tasks_for_rows(got.step, prev.rows), strict=True
+            ):
+                origin[i], trained_tasks[i] = (got.step, int(row)), task
+        execute_s = time.monotonic() - t_exec
+        anchor_wait_s = time.monotonic() - t0 if lagged else execute_s
 
         t0 = time.monotonic()
         env_valid = anchor_rows & (status != int(Status.UNGRADED))
@@ -624,7 +400,7 @@ class Trainer:
         wm = st.wm
         replay = st.replay
         if self.spec.uses_wm:  # the WM learns only from real outcomes
-            replay.add(
+            replay = replay.add(
                 {k: rows[k][anchor_idx] for k in ("tokens", "input_mask")},
                 r_env[anchor_idx],
                 status[anchor_idx],
@@ -721,34 +497,15 @@ class Trainer:
         tasks = self._tasks_for_step(step)
         return [tasks[int(r) // self.G] for r in rows]
 
-    def _collect_pending(self, prev: Pending):
-        """The outcomes of the previous step's anchor rows: from the executions it submitted,
-        or, after a restart, resubmitted (those journalled before the restart are reused)."""
-        inf = self._inflight
-        if inf is not None and inf["step"] == prev.step:
-            pending, tasks, scripts = inf["pending"], inf["tasks"], inf["scripts"]
-            done = inf["resolved_new"]
-        else:
-            tasks = self._tasks_for_rows(prev.step, prev.rows)
-            scripts = self._decode(prev.tokens[:, self.P :], prev.input_mask[:, self.P :])
-            pending, done = self._submit(prev.step, prev.rows, tasks, scripts), 0
-        self._inflight = None
-        return self._collect(prev.step, pending, prev.rows, tasks, scripts, done)
+    def _describe(self, pending: Pending) -> tuple[list, list[str]]:
+        """(tasks, scripts) of the pending rows, to resubmit them after a restart."""
+        tasks = self._tasks_for_rows(int(pending.step), pending.rows)
+        return tasks, self._decode(pending.tokens[:, self.P :], pending.input_mask[:, self.P :])
 
     def drain(self, st: RunState) -> tuple[RunState, float]:
-        """Wait for the anchors still executing (`rl.anchor_lag = 1`) and journal them; the
-        wait counts as training wall-clock. Called before untimed work (evaluation, a
-        checkpoint write), so background executions never get time the clock does not see.
-        Returns the new state and the seconds waited."""
-        inf = self._inflight
-        if inf is None or st.pending is None or inf["step"] != st.pending.step:
-            return st, 0.0
-        t0 = time.monotonic()
-        inf["resolved_new"] += self._resolve(
-            inf["step"], inf["pending"], inf["rows"], inf["tasks"], inf["scripts"]
-        )
-        self.journal.flush()
-        wait = float(distributed.allgather_host(np.float64(time.monotonic() - t0)).max())
+        """Wait for the anchors still executing (`rl.anchor_lag = 1`, `AnchorQueue.drain`);
+        the wait counts as training wall-clock. Returns the new state and the seconds."""
+        wait = self.anchors.drain(st.pending)
         return dataclasses.replace(st, wall_time_s=st.wall_time_s + wait), wait
 
     def _wm_online(self, wm: TrainState, replay: Replay, step: int) -> TrainState:
@@ -758,7 +515,7 @@ class Trainer:
         rng = np.random.default_rng([cfg.seed, step, 7])
         arrays = replay.arrays()
         for _ in range(cfg.wm.online_steps):
-            idx = rng.integers(0, replay.count, cfg.wm.batch_size)
+            idx = rng.integers(0, int(replay.count), cfg.wm.batch_size)
             b = models.wm_batch(arrays, idx, rng, cfg.wm.num_members)
             if self._wm_step is None:
                 self._wm_step = models.wm_step(self.wm, b)

@@ -1,0 +1,104 @@
+"""`RunState` is a pytree that Orbax saves and restores as it is; a checkpoint written in the
+layout of the dict-based trainer (before RunState was a pytree) resumes into it unchanged,
+and a checkpoint of another layout is refused with a message, never restarted silently."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from wmrl.config_errors import ConfigError
+from wmrl.core.debias import DebiasConfig
+from wmrl.core.state import init_correction_state
+from wmrl.envs.autoresearch.grader import Status
+from wmrl.rl.checkpoint import Checkpointer
+from wmrl.rl.state import Pending, Replay, RunState
+
+
+def small_state() -> RunState:
+    """A RunState of the real types with tiny arrays (the train states are dicts here: the
+    checkpoint code does not depend on what the policy is)."""
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)}
+    replay = Replay.empty(4, 5).add(
+        {"tokens": np.arange(10).reshape(2, 5), "input_mask": np.ones((2, 5), bool)},
+        np.array([0.25, 0.5], np.float32),
+        np.array([int(Status.VALID), int(Status.RUNTIME_ERROR)], np.int32),
+    )
+    pending = Pending.empty(2, 5).replace(step=np.int64(3), rows=np.array([4, 5], np.int64))
+    return RunState(
+        policy={"params": params, "opt": {"mu": jnp.ones((3, 2))}},
+        ref_params=jax.tree.map(lambda x: x * 2, params),
+        wm={"params": {"v": jnp.arange(4.0)}},
+        correction=init_correction_state(DebiasConfig(mode="monotone", capacity=8)),
+        replay=replay,
+        pending=pending,
+        rng=np.asarray(jax.random.key_data(jax.random.key(7))),
+        step=4, wall_time_s=12.5, real_executions=8, wm_calls=16,
+        evals=[{"step": 0, "wall_time_s": 0.0, "heldout_reward": 0.5}],
+    )  # fmt: skip
+
+
+def assert_same(a: RunState, b: RunState) -> None:
+    assert a.counters() == b.counters()
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def fresh_like(st: RunState) -> RunState:
+    """The template a new run builds: same shapes, zero counters, nothing pending."""
+    zeros = jax.tree.map(lambda x: np.zeros_like(np.asarray(x)), st)
+    return zeros.replace(step=0, wall_time_s=0.0, real_executions=0, wm_calls=0, evals=[])
+
+
+def test_run_state_round_trips_through_orbax(tmp_path):
+    st = small_state()
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(st, seed=0)
+    back = ckpt.restore_latest(fresh_like(st))
+    ckpt.close()
+    assert_same(back, st)
+    assert back.pending.valid and int(back.replay.count) == 2 and back.evals == st.evals
+
+
+def test_checkpoint_in_the_dict_layout_of_the_old_trainer_resumes(tmp_path):
+    """The old trainer saved a dict of dicts (`_tree`) with the counters in the JSON meta."""
+    st = small_state()
+    fields = lambda x: {k: getattr(x, k) for k in x.__dataclass_fields__}
+    old_tree = {
+        "policy": st.policy, "ref_params": st.ref_params, "wm": st.wm,
+        "correction": st.correction, "replay": fields(st.replay),
+        "pending": fields(st.pending), "rng": jax.random.key_data(jax.random.key(7)),
+    }  # fmt: skip
+    meta = {**st.counters(), "data_iterator": {"seed": 0, "next_step": st.step}}
+    mgr = ocp.CheckpointManager(tmp_path / "checkpoints")
+    mgr.save(st.step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(old_tree), meta=ocp.args.JsonSave(meta)))  # fmt: skip
+    mgr.wait_until_finished()
+    mgr.close()
+    ckpt = Checkpointer(tmp_path, keep=2)
+    back = ckpt.restore_latest(fresh_like(st))
+    ckpt.close()
+    assert_same(back, st)
+
+
+def test_checkpoint_of_another_layout_is_refused_with_a_message(tmp_path):
+    """A layout from before `rl.anchor_lag` (no `pending`) is refused naming what differs;
+    the checkpoint is left where it is (not quarantined as corrupt, no silent restart)."""
+    st = small_state()
+    tree = {"policy": st.policy, "ref_params": st.ref_params, "wm": st.wm,
+            "correction": st.correction, "replay": st.replay, "rng": st.rng}  # fmt: skip
+    mgr = ocp.CheckpointManager(tmp_path / "checkpoints")
+    mgr.save(4, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(st.counters())))  # fmt: skip
+    mgr.wait_until_finished()
+    mgr.close()
+    ckpt = Checkpointer(tmp_path, keep=2)
+    with pytest.raises(ConfigError, match=r"another layout.*missing: pending/") as e:
+        ckpt.restore_latest(fresh_like(st))
+    ckpt.close()
+    assert "new --workdir" in str(e.value)
+    assert (tmp_path / "checkpoints" / "4").is_dir()
+    assert not (tmp_path / "checkpoints_corrupt").exists()
