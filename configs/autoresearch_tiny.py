@@ -45,7 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
         "heldout-categorical-missing", "heldout-gaussian-quantiles", "heldout-imbalanced-missing",
     )  # fmt: skip
     c.suite.workers = 2  # sandbox slots (same for every mode)
-    c.suite.time_limit_s = 20.0  # caps each task's own limit (0 = the task's)
+    c.suite.time_limit_s = 20.0  # caps each task's own time limit (s)
 
     c.data = ml_collections.ConfigDict()
     c.data.scripts_per_task = 12  # authored scripts executed per task (WM data, SFT)
@@ -90,9 +90,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.wm.replay_size = 512
 
     c.rl = ml_collections.ConfigDict()
-    # 20 steps keep `make run` (all stages + RL + evaluations) within 20 minutes on 2 cores:
-    # 30 took 20.2 min end to end on a slow day (2026-12-01); held-out reward had risen from
-    # 0.47 to 0.75-0.76 by step 10-20 and stayed there (README).
+    # Sized so that `make run` (all stages + RL + evaluations) fits a 2-core CPU in about 20
+    # minutes; held-out reward plateaus well before the last step (docs/results.md).
     c.rl.steps = 20
     c.rl.max_wall_time_s = 0.0  # stop RL once training wall-clock reaches this (0 = no limit)
     c.rl.tasks_per_step = 8  # B groups
@@ -134,8 +133,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.correction = ml_collections.ConfigDict()
     # Anchor fraction: 2 of the 8 groups (DESIGN's default 0.10 would round to 1). With
     # `rl.anchor_lag` the anchors execute while the next step computes, and one group left
-    # the 2 sandbox workers idle part of each step; two double the real signal for ~50% more
-    # step time (5.6 -> 8.5 s). Measured side by side in README (speedup benchmark).
+    # the 2 sandbox workers idle part of each step; two double the real signal for a longer
+    # step (the speedup benchmark measures both; docs/results.md).
     c.correction.rho = 0.25
     c.correction.min_groups = 1
     c.correction.uncertainty_share = 0.5  # used when routing = uncertainty

@@ -36,7 +36,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.bandit.wm_noise = (0.8, 0.2, 0.3, 0.3, 0.3)
     c.bandit.head_scales = (0.5, 1.0, 2.0, 4.0)
     c.bandit.real_noise = 0.3
-    c.bandit.anchor_fraction = 0.1
+    c.bandit.rho = 0.1  # target anchor fraction: share of groups executed for real
+    c.bandit.anchor_fraction = None  # deprecated name of rho (when set, it is used and said)
     c.bandit.real_cost = 10.0
     c.bandit.batch_size = 64
     c.bandit.group_size = 8

@@ -194,3 +194,16 @@ def test_batched_refit_refits_exactly_the_seeds_that_are_due():
     same = bt.refit_due_maps(nobody, cfg).debias.monotone
     for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_old_anchor_fraction_name_still_works_and_says_it_is_rho():
+    from wmrl.bandits.problem import anchor_rho, validate_bandit_config
+
+    c = get_config()
+    assert anchor_rho(c.bandit) == (0.1, "bandit.rho")
+    c.bandit.anchor_fraction = 0.3
+    with pytest.warns(FutureWarning, match=r"anchor_fraction is deprecated.*bandit\.rho"):
+        assert anchor_rho(c.bandit) == (0.3, "bandit.anchor_fraction")
+    with pytest.warns(FutureWarning):
+        validate_bandit_config(c)
+    assert c.bandit.anchor_fraction == 0.3 and c.bandit.rho == 0.1  # validation changes nothing

@@ -1,6 +1,7 @@
 """Bad AutoResearch configs: clear errors naming the field, before anything is written."""
 
 import json
+import re
 import warnings
 
 import pytest
@@ -72,9 +73,13 @@ def test_batch_size_sets_the_number_of_groups():
 def test_zero_anchor_groups_with_debiasing_warns_and_uses_the_minimum():
     c = load_config()
     c.mode, c.correction.rho, c.correction.min_groups = "wmrl", 0.0, 0
+    before = c.to_json_best_effort()
     with pytest.warns(UserWarning, match="zero anchor groups"):
-        validate_autoresearch_config(c)
-    assert c.correction.min_groups == 1
+        tc = validate_autoresearch_config(c)
+    # The trainer uses the minimum; the config itself is left as it was (validation never
+    # mutates: the resolved config.json and the resume check see what the user wrote).
+    assert tc.routing.min_groups == 1
+    assert c.to_json_best_effort() == before and c.correction.min_groups == 0
     c = load_config()
     c.mode, c.correction.rho, c.correction.min_groups = "wm_only", 0.0, 0
     with warnings.catch_warnings():
@@ -123,3 +128,66 @@ def test_data_stage_stays_local_for_a_remote_workdir(tmp_path, monkeypatch):
     assert data_dir(c, tmp_path / "run") == tmp_path / "run" / "data"
     c.data_dir = str(tmp_path / "shared")
     assert data_dir(c, "gs://bucket/runs/x") == tmp_path / "shared"
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("rl.learning_rate", -1.0), ("rl.learning_rate", NAN), ("rl.temperature", 0.0),
+        ("rl.temperature", -0.5), ("rl.clip_eps", -0.1), ("rl.kl_coef", NAN),
+        ("suite.time_limit_s", 0.0), ("suite.time_limit_s", -3.0), ("suite.time_limit_s", NAN),
+        ("suite.time_limit_s", INF), ("policy.num_layers", 0), ("wm.num_layers", 0),
+    ],
+)  # fmt: skip
+def test_bad_number_is_named(field, value):
+    c = load_config()
+    section, leaf = field.split(".")
+    c[section][leaf] = value
+    with pytest.raises(ConfigError, match="^" + re.escape(f"config.{field}: ")):
+        validate_autoresearch_config(c)
+
+
+def test_unknown_and_missing_fields_are_named():
+    c = load_config()
+    c.rl.lerning_rate = 1e-3  # a typo would otherwise be ignored silently
+    with pytest.raises(ConfigError, match=r"^config\.rl\.lerning_rate: unknown field"):
+        validate_autoresearch_config(c)
+    c = load_config()
+    del c.rl["anchor_lag"]  # its default lives in the config file only
+    with pytest.raises(ConfigError, match=r"^config\.rl\.anchor_lag: missing"):
+        validate_autoresearch_config(c)
+
+
+def test_more_workers_than_cores_warns(monkeypatch):
+    import os
+
+    c = load_config()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    c.suite.workers = 3
+    with pytest.warns(UserWarning, match=r"config\.suite\.workers=3 is above the 2 CPU cores"):
+        validate_autoresearch_config(c)
+
+
+def test_trainer_config_is_typed_frozen_and_takes_defaults_from_the_config_file():
+    import dataclasses
+
+    c = load_config()
+    tc = validate_autoresearch_config(c)
+    assert (tc.anchor_lag, tc.static_check) == (c.rl.anchor_lag, c.rl.static_check) == (1, "names")
+    assert tc.groups == c.rl.tasks_per_step and tc.routing.rho == c.correction.rho
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tc.anchor_lag = 0
+    c.mode = "real"  # synchronous GRPO: no lag, no static check, every group executed
+    tc = validate_autoresearch_config(c)
+    assert (tc.anchor_lag, tc.static_check, tc.routing.rho) == (0, "off", 1.0)
+
+
+def test_cli_nan_learning_rate_writes_nothing(tmp_path):
+    wd = tmp_path / "wd"
+    proc = run_main(wd, ["--config.rl.learning_rate=nan"], timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "config.rl.learning_rate" in proc.stderr and "Traceback" not in proc.stderr
+    assert not wd.exists()

@@ -1,4 +1,4 @@
-"""The trainer's per-step correction (`wmrl.rl.trainer.correct_rewards`) against hand numbers:
+"""The trainer's per-step correction (`wmrl.core.correct.correct_rewards`) against hand numbers:
 anchors use real rewards, WM groups calibrated WM scores, ungraded trajectories are masked,
 and the anchor weight reaches only the anchor groups' advantages. Plus the WM replay."""
 
@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from wmrl.core.correct import correct_rewards
 from wmrl.core.debias import DebiasConfig, init_debias_state, update_debias
 from wmrl.core.denoise import DenoiseConfig, DenoiseState
 from wmrl.core.state import CorrectionState, init_correction_state
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.rl.config import MODE_SPECS
 from wmrl.rl.state import Replay
-from wmrl.rl.trainer import correct_rewards
 
 G = 3
 # Two bins over [0, 1]: centres 0.25 and 0.75. Pairs put E[r_env | bin 0] = 0 and

@@ -13,6 +13,7 @@ import math
 import ml_collections
 import numpy as np
 
+from wmrl.bandits.problem import anchor_rho
 from wmrl.bandits.train import VARIANT_SPECS
 
 
@@ -69,7 +70,7 @@ def run_numpy_variant(
     scales = np.asarray(b.head_scales)
     K, B, G = len(r_true), b.batch_size, b.group_size
     ng = B // G
-    n_anchor = min(max(math.floor(b.anchor_fraction * ng + 0.5), 1), ng)
+    n_anchor = min(max(math.floor(anchor_rho(b)[0] * ng + 0.5), 1), ng)
     decay = 0.5 ** (1 / ncfg.half_life)
     finals, pistars = [], []
     for s in range(num_seeds):

@@ -11,6 +11,7 @@ alone leaves a context-dependent residual.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +59,22 @@ class BanditProblem:
         return self.wm_bias + x @ self.context_bias.T
 
 
+def anchor_rho(b: ml_collections.ConfigDict) -> tuple[float, str]:
+    """The target anchor fraction `bandit.rho` (the name RL uses too, `correction.rho`) and
+    the field it came from. `bandit.anchor_fraction`, its old name, still works when set (it
+    is None otherwise) and says so; `anchor_fraction` in metrics is the *realised* fraction."""
+    old = b.get("anchor_fraction")
+    if old is None:
+        return b.rho, "bandit.rho"
+    warnings.warn(
+        "config.bandit.anchor_fraction is deprecated: the target anchor fraction is "
+        f"config.bandit.rho now (as correction.rho in RL); using anchor_fraction={old}",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return old, "bandit.anchor_fraction"
+
+
 def validate_bandit_config(config: ml_collections.ConfigDict) -> None:
     """Raise ConfigError naming the field for any inconsistent or out-of-range setting."""
     b = config.bandit
@@ -78,10 +95,9 @@ def validate_bandit_config(config: ml_collections.ConfigDict) -> None:
         )
     if b.real_noise < 0:
         raise ConfigError("config.bandit.real_noise", f"must be >= 0, got {b.real_noise}")
-    if not 0.0 <= b.anchor_fraction <= 1.0:
-        raise ConfigError(
-            "config.bandit.anchor_fraction", f"must be in [0, 1], got {b.anchor_fraction}"
-        )
+    rho, field = anchor_rho(b)
+    if not 0.0 <= rho <= 1.0:
+        raise ConfigError(f"config.{field}", f"must be in [0, 1], got {rho}")
     if b.real_cost <= 0:
         raise ConfigError("config.bandit.real_cost", f"must be > 0, got {b.real_cost}")
     if b.group_size < 2:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import PartitionSpec as P
 
-from wmrl.bandits.problem import BanditProblem, make_problem
+from wmrl.bandits.problem import BanditProblem, anchor_rho, make_problem
 from wmrl.core import debias, denoise, grpo, routing
 from wmrl.core.state import CorrectionState, init_correction_state
 
@@ -328,7 +328,7 @@ def statics_from_config(config: ml_collections.ConfigDict, variant: str) -> Step
         baseline=b.baseline,
         normalize_std=b.normalize_std,
         wm_sampling=b.wm_sampling,
-        routing=routing.RoutingConfig(rho=b.anchor_fraction, min_groups=1),
+        routing=routing.RoutingConfig(rho=anchor_rho(b)[0], min_groups=1),
         debias=debias.DebiasConfig(
             mode=mode,
             num_keys=len(b.true_rewards),

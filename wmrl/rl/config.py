@@ -1,7 +1,11 @@
-"""What each mode turns on, config validation, and the resume-compatibility check.
+"""The AutoResearch config: its schema, validation, the trainer's typed view, and resumes.
 
-Every error names the config field. Validation runs before anything is written or any
-device memory is allocated.
+Defaults live in the config files only (`configs/autoresearch_tiny.py` is the schema every
+AutoResearch config extends): a field missing from a config, or one the schema does not
+know, is an error naming it. `validate_autoresearch_config` checks a ConfigDict without
+changing it and returns `TrainerConfig`, the frozen, typed settings of the RL step built
+once from it. Every error names the config field. Validation runs before anything is written
+or any device memory is allocated.
 """
 
 from __future__ import annotations
@@ -9,40 +13,27 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
+import os
 import warnings
 from pathlib import Path
 
 from wmrl import storage
 from wmrl.config_errors import ConfigError
+from wmrl.core.correct import MODE_SPECS, MODES, ModeSpec
 from wmrl.core.debias import DebiasConfig
 from wmrl.core.denoise import DenoiseConfig
 from wmrl.core.routing import RoutingConfig
 
-MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
 ROUTINGS = ("uniform", "uncertainty")
 # rl.static_check: which outcomes the WM stream takes from a static check instead of the WM
 # (off; compile: MALFORMED; names: also RUNTIME_ERROR for a name read but never defined).
 STATIC_CHECKS = ("off", "compile", "names")
 
-
-@dataclasses.dataclass(frozen=True)
-class ModeSpec:
-    """`real`: every group executed, no WM (standard GRPO). The others execute only the anchor
-    groups (same routing for all, so ablations differ only in the corrections) and fine-tune
-    the WM on them; WM groups get the WM score, raw or calibrated."""
-
-    uses_wm: bool
-    debias: bool
-    denoise: bool
-
-
-MODE_SPECS = {
-    "real": ModeSpec(uses_wm=False, debias=False, denoise=False),
-    "wm_only": ModeSpec(uses_wm=True, debias=False, denoise=False),
-    "debias_only": ModeSpec(uses_wm=True, debias=True, denoise=False),
-    "denoise_only": ModeSpec(uses_wm=True, debias=False, denoise=True),
-    "wmrl": ModeSpec(uses_wm=True, debias=True, denoise=True),
-}
+# The config file whose fields every AutoResearch config has (their defaults), and the
+# sections a config may add to it (the pod configs spell the model and mesh out).
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "configs" / "autoresearch_tiny.py"
+OPTIONAL_FIELDS = ("model", "mesh_shape")
 
 # Fields that may change between a run and its resumption (they do not change what a
 # completed step computed). Everything else must match the saved config.json.
@@ -75,6 +66,41 @@ def _positive(config, field: str, minimum: float = 1) -> None:
         raise ConfigError(f"config.{field}", f"must be a number >= {minimum}, got {v!r}")
 
 
+def _finite(config, field: str, *, above: float | None = None, least: float | None = None):
+    """A real, finite number, `> above` or `>= least`."""
+    v = config_field(config, field)
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    ok = ok and (above is None or v > above) and (least is None or v >= least)
+    if not ok:
+        bound = f"> {above}" if above is not None else f">= {least}" if least is not None else ""
+        raise ConfigError(f"config.{field}", f"must be a finite number {bound}, got {v!r}")
+
+
+def check_schema(config, schema=None) -> None:
+    """Every field of the schema config is present and no other (but `OPTIONAL_FIELDS`):
+    a misspelt field would otherwise be ignored, a missing one fail deep in the run."""
+    if schema is None:
+        if not SCHEMA_FILE.exists():  # an installed package without the configs folder
+            return
+        schema = load_config_file(SCHEMA_FILE)
+    want = set(_flatten(schema.to_dict()))
+    have = set(_flatten(config.to_dict() if hasattr(config, "to_dict") else dict(config)))
+    optional = lambda k: k.split(".")[0] in OPTIONAL_FIELDS
+    unknown = sorted(k for k in have - want if not optional(k))
+    if unknown:
+        raise ConfigError(
+            f"config.{unknown[0]}",
+            f"unknown field (not in {SCHEMA_FILE.name}); unknown: {', '.join(unknown)}",
+        )
+    missing = sorted(want - have)
+    if missing:
+        raise ConfigError(
+            f"config.{missing[0]}",
+            f"missing (every field has its default in {SCHEMA_FILE.name}); missing: "
+            f"{', '.join(missing)}",
+        )
+
+
 def _check_eval_points(points) -> None:
     """`rl.eval_at_s`: training wall-clock points (s), positive and increasing."""
     field = "config.rl.eval_at_s"
@@ -92,12 +118,60 @@ def _check_eval_points(points) -> None:
 
 def groups_per_step(config) -> int:
     """B: `rl.batch_size // rl.group_size` when a batch size is given, else `rl.tasks_per_step`."""
-    if config.rl.get("batch_size", 0):
+    if config.rl.batch_size:
         return config.rl.batch_size // config.rl.group_size
     return config.rl.tasks_per_step
 
 
-def validate_autoresearch_config(config) -> None:
+def validate_autoresearch_config(config) -> TrainerConfig:
+    """Check `config` (unchanged) and return the trainer's typed settings built from it."""
+    check_schema(config)
+    _check_fields(config)
+    _check_numbers(config)
+    _check_suite(config)
+    from wmrl.rl import pretrained
+
+    pretrained.validate(config, config.data.max_prompt_len + config.data.max_new_tokens)
+    try:
+        return trainer_config(config)
+    except ValueError as e:
+        raise ConfigError("config.correction", str(e)) from e
+
+
+def _check_numbers(config) -> None:
+    """Real-valued knobs (NaN and infinities included) and layer counts."""
+    for field in (
+        "rl.learning_rate",
+        "rl.temperature",
+        "suite.time_limit_s",
+        "wm.learning_rate",
+        "wm.online_learning_rate",
+        "policy.sft_learning_rate",
+    ):
+        _finite(config, field, above=0)  # fmt: skip
+    for field in ("rl.clip_eps", "rl.kl_coef", "rl.max_wall_time_s"):
+        _finite(config, field, least=0)
+    for field in (
+        "policy.num_layers",
+        "policy.d_model",
+        "policy.mlp_dim",
+        "policy.head_dim",
+        "wm.num_layers",
+        "wm.d_model",
+        "wm.mlp_dim",
+        "wm.head_dim",
+    ):
+        _positive(config, field)  # fmt: skip
+    cores = os.cpu_count() or 1
+    if config.suite.workers > cores:
+        warnings.warn(
+            f"config.suite.workers={config.suite.workers} is above the {cores} CPU cores of "
+            "this machine: the sandboxes will share cores and every execution will run slower",
+            stacklevel=3,
+        )
+
+
+def _check_fields(config) -> None:
     if config.mode not in MODES:
         raise ConfigError("config.mode", f"unknown mode {config.mode!r}; one of {MODES}")
     if config.routing not in ROUTINGS:
@@ -120,7 +194,7 @@ def validate_autoresearch_config(config) -> None:
         _positive(config, field, 0)
     if config.rl.group_size < 2:
         raise ConfigError("config.rl.group_size", "GRPO needs groups of at least 2 samples")
-    bs = config.rl.get("batch_size", 0)
+    bs = config.rl.batch_size
     if bs and (bs < 0 or bs % config.rl.group_size != 0):
         raise ConfigError(
             "config.rl.batch_size",
@@ -133,29 +207,31 @@ def validate_autoresearch_config(config) -> None:
         )
     if config.rl.eval_samples < 1:
         raise ConfigError("config.rl.eval_samples", "must be >= 1")
-    if "eval_every_s" in config.rl:
-        _positive(config, "rl.eval_every_s", 0)
-    _check_eval_points(config.rl.get("eval_at_s", ()))
-    lag = config.rl.get("anchor_lag", 0)
+    _finite(config, "rl.eval_every_s", least=0)
+    _check_eval_points(config.rl.eval_at_s)
+    lag = config.rl.anchor_lag
     if lag not in (0, 1) or isinstance(lag, bool):
         raise ConfigError(
             "config.rl.anchor_lag",
             f"must be 0 (anchors trained on in the step that sampled them) or 1 (one step "
             f"later, executing meanwhile), got {lag!r}",
         )
-    if config.rl.get("static_check", "off") not in STATIC_CHECKS:
+    if config.rl.static_check not in STATIC_CHECKS:
         raise ConfigError(
             "config.rl.static_check",
             f"must be one of {', '.join(STATIC_CHECKS)}, got {config.rl.static_check!r}",
         )
-    micro = config.rl.get("num_micro_batches", 1)
+    micro = config.rl.num_micro_batches
     rows = groups_per_step(config) * config.rl.group_size
     if not isinstance(micro, int) or micro < 1 or rows % micro:
         raise ConfigError(
             "config.rl.num_micro_batches",
             f"must be a positive divisor of the {rows} trajectories per step, got {micro!r}",
         )
-    storage.require_local(config.get("data_dir", ""), "data_dir")
+
+
+def _check_suite(config) -> None:
+    storage.require_local(config.data_dir, "data_dir")
     storage.require_local(config.suite.dir, "suite.dir")
     if config.suite.dir:
         if not (Path(config.suite.dir) / "suite.json").exists():
@@ -175,34 +251,26 @@ def validate_autoresearch_config(config) -> None:
         for split in ("train", "heldout"):
             if split not in splits:
                 raise ConfigError("config.suite.tasks", f"needs at least one {split} task")
-    from wmrl.rl import pretrained
-
-    pretrained.validate(config, config.data.max_prompt_len + config.data.max_new_tokens)
-    try:
-        routing_config(config)
-        debias_config(config)
-        denoise_config(config)
-    except ValueError as e:
-        raise ConfigError("config.correction", str(e)) from e
-    spec = MODE_SPECS[config.mode]
-    if spec.uses_wm and spec.debias:
-        n = groups_per_step(config)
-        rho = config.correction.rho
-        if max(int(rho * n + 0.5), config.correction.min_groups) == 0:
-            warnings.warn(
-                f"config.correction.rho={rho} with min_groups=0 leaves zero anchor groups per "
-                f"step out of {n} while debiasing is on; using min_groups=1",
-                stacklevel=2,
-            )
-            config.correction.min_groups = 1
 
 
 def routing_config(config) -> RoutingConfig:
+    """Which groups are anchors. With debiasing on, a rho and min_groups that would leave no
+    anchor group at all use one (the estimator needs pairs), with a warning."""
     c = config.correction
     share = c.uncertainty_share if config.routing == "uncertainty" else 0.0
+    n = groups_per_step(config)
     if config.mode == "real":
-        return RoutingConfig(rho=1.0, min_groups=groups_per_step(config), uncertainty_share=0.0)
-    return RoutingConfig(rho=c.rho, min_groups=c.min_groups, uncertainty_share=share)
+        return RoutingConfig(rho=1.0, min_groups=n, uncertainty_share=0.0)
+    min_groups = c.min_groups
+    spec = MODE_SPECS[config.mode]
+    if spec.uses_wm and spec.debias and max(int(c.rho * n + 0.5), min_groups) == 0:
+        warnings.warn(
+            f"config.correction.rho={c.rho} with min_groups=0 leaves zero anchor groups per "
+            f"step out of {n} while debiasing is on; using min_groups=1",
+            stacklevel=3,
+        )
+        min_groups = 1
+    return RoutingConfig(rho=c.rho, min_groups=min_groups, uncertainty_share=share)
 
 
 def debias_config(config) -> DebiasConfig:
@@ -225,6 +293,54 @@ def denoise_config(config) -> DenoiseConfig:
         target=c.denoise_target,
         w_max=c.denoise_w_max,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """The RL step's settings, typed and frozen, built once from the ConfigDict. The anchor
+    lag and the static check apply to modes with a WM stream only (`real` is synchronous
+    GRPO on every group's real reward)."""
+
+    mode: str
+    spec: ModeSpec
+    seed: int
+    groups: int  # B groups (tasks) per step
+    group_size: int  # G samples per task
+    prompt_len: int  # P
+    new_tokens: int  # N
+    anchor_lag: int  # 0 or 1
+    static_check: str  # one of STATIC_CHECKS
+    temperature: float
+    normalize_std: bool
+    baseline: str
+    eval_samples: int
+    learning_rate: float
+    wm_learning_rate: float  # the WM's online fine-tuning
+    wm_online_steps: int
+    wm_batch_size: int
+    wm_members: int
+    replay_size: int
+    routing: RoutingConfig
+    debias: DebiasConfig
+    denoise: DenoiseConfig
+
+
+def trainer_config(config) -> TrainerConfig:
+    spec = MODE_SPECS[config.mode]
+    rl, wm = config.rl, config.wm
+    return TrainerConfig(
+        mode=config.mode, spec=spec, seed=config.seed, groups=groups_per_step(config),
+        group_size=rl.group_size, prompt_len=config.data.max_prompt_len,
+        new_tokens=config.data.max_new_tokens,
+        anchor_lag=int(rl.anchor_lag) if spec.uses_wm else 0,
+        static_check=rl.static_check if spec.uses_wm else "off",
+        temperature=rl.temperature, normalize_std=rl.normalize_std, baseline=rl.baseline,
+        eval_samples=rl.eval_samples, learning_rate=rl.learning_rate,
+        wm_learning_rate=wm.online_learning_rate, wm_online_steps=wm.online_steps,
+        wm_batch_size=wm.batch_size, wm_members=wm.num_members, replay_size=wm.replay_size,
+        routing=routing_config(config), debias=debias_config(config),
+        denoise=denoise_config(config),
+    )  # fmt: skip
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

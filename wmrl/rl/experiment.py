@@ -229,46 +229,7 @@ def run(
             log.write("metrics.jsonl", [{"kind": "eval", **ev}])
             log.flush()  # before the checkpoint: records never lag behind it
             ckpt.save(st, config.seed)
-        steps, budget = config.rl.steps, config.rl.get("max_wall_time_s", 0.0)
-        compile_s = 0.0
-        if st.step < steps:
-            if progress:
-                print("compiling the RL step (not counted in wall_time_s)", flush=True)
-            compile_s = trainer.warmup(st)
-        out_of_time = lambda: bool(budget) and st.wall_time_s >= budget
-        bar = _progress_bar(config, st, steps, budget, progress)
-        while st.step < steps and not out_of_time():
-            st, metrics, pairs = trainer.run_step(st)
-            trainer.journal.flush()  # remote workdir: the step's executions, uploaded
-            log.write("metrics.jsonl", [{"kind": "step", **metrics}])
-            log.write("pairs.jsonl", pairs)
-            last = st.step == steps or out_of_time()
-            do_eval = st.step % config.rl.eval_every == 0 or last or _eval_due_s(config, st)
-            do_save = st.step % config.rl.checkpoint_every == 0 or last
-            trained_s = st.wall_time_s  # the policy this step made exists from here on
-            if do_eval or do_save:  # untimed work: background anchors finish first, timed
-                st, drain_s = trainer.drain(st)
-                # The wait counts as training time and can use up the budget: the loop ends
-                # here then, and a run always ends with an evaluation of its final policy.
-                do_eval = do_eval or out_of_time()
-            if do_eval:
-                # Stamped when its policy existed: the wait for the anchors still executing
-                # (which an uninterrupted run overlaps with its next step) does not change the
-                # policy; it is counted in wall_time_s all the same, so every later step and
-                # evaluation carries it.
-                ev = {**trainer.evaluate(st), "wall_time_s": trained_s, "anchor_drain_s": drain_s}
-                st.evals.append(ev)
-                log.write("metrics.jsonl", [{"kind": "eval", **ev}])
-            if do_save:
-                log.flush()
-                ckpt.save(st, config.seed)
-            bar.update((_bar_time(st, budget) if budget else st.step) - bar.n)
-            bar.set_postfix(
-                step=st.step,
-                reward=f"{metrics['train_reward']:.3f}",
-                heldout=f"{st.evals[-1]['heldout_reward']:.3f}",
-            )
-        bar.close()
+        st, compile_s = _train(config, trainer, st, log, ckpt, progress)
     finally:
         trainer.journal.close()
         pool.close()
@@ -288,15 +249,61 @@ def run(
     return summary
 
 
+def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
+    """The RL loop from `st` to `rl.steps` (or the wall-clock budget): step, log, evaluate,
+    checkpoint. Returns the final state and the warm-up's compile seconds."""
+    steps, budget = config.rl.steps, config.rl.max_wall_time_s
+    compile_s = 0.0
+    if st.step < steps:
+        if progress:
+            print("compiling the RL step (not counted in wall_time_s)", flush=True)
+        compile_s = trainer.warmup(st)
+    out_of_time = lambda: bool(budget) and st.wall_time_s >= budget
+    bar = _progress_bar(config, st, steps, budget, progress)
+    while st.step < steps and not out_of_time():
+        st, metrics, pairs = trainer.run_step(st)
+        trainer.journal.flush()  # remote workdir: the step's executions, uploaded
+        log.write("metrics.jsonl", [{"kind": "step", **metrics}])
+        log.write("pairs.jsonl", pairs)
+        last = st.step == steps or out_of_time()
+        do_eval = st.step % config.rl.eval_every == 0 or last or _eval_due_s(config, st)
+        do_save = st.step % config.rl.checkpoint_every == 0 or last
+        trained_s = st.wall_time_s  # the policy this step made exists from here on
+        if do_eval or do_save:  # untimed work: background anchors finish first, timed
+            st, drain_s = trainer.drain(st)
+            # The wait counts as training time and can use up the budget: the loop ends
+            # here then, and a run always ends with an evaluation of its final policy.
+            do_eval = do_eval or out_of_time()
+        if do_eval:
+            # Stamped when its policy existed: the wait for the anchors still executing
+            # (which an uninterrupted run overlaps with its next step) does not change the
+            # policy; it is counted in wall_time_s all the same, so every later step and
+            # evaluation carries it.
+            ev = {**trainer.evaluate(st), "wall_time_s": trained_s, "anchor_drain_s": drain_s}
+            st.evals.append(ev)
+            log.write("metrics.jsonl", [{"kind": "eval", **ev}])
+        if do_save:
+            log.flush()
+            ckpt.save(st, config.seed)
+        bar.update((_bar_time(st, budget) if budget else st.step) - bar.n)
+        bar.set_postfix(
+            step=st.step,
+            reward=f"{metrics['train_reward']:.3f}",
+            heldout=f"{st.evals[-1]['heldout_reward']:.3f}",
+        )
+    bar.close()
+    return st, compile_s
+
+
 def _eval_due_s(config, st) -> bool:
     """Whether training wall-clock passed a multiple of `rl.eval_every_s`, or a point of
     `rl.eval_at_s`, since the last evaluation (neither set = evaluations by step count only):
     modes whose steps take different times are then evaluated at the same wall-clock points
     (the speedup benchmark)."""
     last, now = st.evals[-1]["wall_time_s"], st.wall_time_s
-    if any(last < p <= now for p in config.rl.get("eval_at_s", ())):
+    if any(last < p <= now for p in config.rl.eval_at_s):
         return True
-    every = config.rl.get("eval_every_s", 0.0)
+    every = config.rl.eval_every_s
     return bool(every) and now // every > last // every
 
 

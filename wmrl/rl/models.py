@@ -213,7 +213,7 @@ def policy_step(m: Model, example: dict, config):
         clip_eps=config.rl.clip_eps, kl_coef=config.rl.kl_coef,
         logits_from=config.data.max_prompt_len,  # the rows' prompt width (no loss there)
     )  # fmt: skip
-    micro = config.rl.get("num_micro_batches", 1)
+    micro = config.rl.num_micro_batches
     return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss, micro)
 
 

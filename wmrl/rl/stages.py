@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
-from wmrl.models.world_model import interval_ece, spearman
+from wmrl.core.stats import interval_ece, spearman
 from wmrl.rl import data as rldata
 from wmrl.rl import models
 from wmrl.rl.config import config_differences, config_field
