@@ -113,12 +113,6 @@ def run_numpy_variant(
                     rewards = rewards * np.where(pull_anchor, 1.0, w)
             rg = rewards.reshape(ng, G)
             adv = (rg - rg.mean(1, keepdims=True)) / (rg.std(1, keepdims=True) + 1e-6)
-            weight = min(max(1 + scale * (ema / norm if norm else 0.0), 1.0), ncfg.w_max)
-            if spec.anchor_weight and frozen:
-                adv[anchor] *= weight
-            adv = adv.reshape(B)
-            onehot = np.eye(K)[arms]
-            logits = logits + config.learning_rate * ((onehot - pi) * adv[:, None]).mean(0)
             if spec.anchors:
                 idx = np.flatnonzero(pull_anchor)
                 if spec.debias == "keyed":
@@ -137,6 +131,14 @@ def run_numpy_variant(
                     if not frozen and n_groups >= ncfg.warmup_groups:
                         scale = (ncfg.target - 1) / (ema / norm) if ema > 0 else 0.0
                         frozen = True
+            # The anchor weight as the disagreement stands after this step's anchor groups
+            # (`wmrl.core.correct.correct` reads it after the update, too).
+            weight = min(max(1 + scale * (ema / norm if norm else 0.0), 1.0), ncfg.w_max)
+            if spec.anchor_weight and frozen:
+                adv[anchor] *= weight
+            adv = adv.reshape(B)
+            onehot = np.eye(K)[arms]
+            logits = logits + config.learning_rate * ((onehot - pi) * adv[:, None]).mean(0)
         pi = np.exp(logits - logits.max())
         pi /= pi.sum()
         finals.append(r_true.max() - pi @ r_true)

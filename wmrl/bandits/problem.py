@@ -18,17 +18,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from wmrl.config_errors import ConfigError
+from wmrl.core.correct import MODES
 
-VARIANTS = (
-    "real",
-    "wm_only",
-    "debias_only",
-    "denoise_only",
-    "wmrl",
-    "debias_monotone_only",
-    "constant_bias",
-    "cross_arm_iv",
-)
+# The five modes of the shared table (`wmrl.core.correct`), then the bandit-only ablations
+# and controls (`wmrl.bandits.train.VARIANT_SPECS` says what each turns on).
+VARIANTS = (*MODES, "debias_monotone_only", "constant_bias", "cross_arm_iv")
 
 
 @dataclasses.dataclass(frozen=True)

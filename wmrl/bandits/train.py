@@ -26,7 +26,8 @@ import ml_collections
 from jax.sharding import PartitionSpec as P
 
 from wmrl.bandits.problem import BanditProblem, anchor_rho, make_problem
-from wmrl.core import debias, denoise, grpo, routing
+from wmrl.core import correct, debias, denoise, grpo, routing
+from wmrl.core.correct import MODE_SPECS, ModeSpec
 from wmrl.core.state import CorrectionState, init_correction_state
 
 
@@ -43,12 +44,22 @@ class VariantSpec:
     constant_bias: bool = False  # replace the per-arm WM bias by a global constant
 
 
+def mode_variant(mode: ModeSpec) -> VariantSpec:
+    """A WMRL mode of the shared table (`wmrl.core.correct.MODE_SPECS`) as a bandit variant:
+    the bandit WM's debiasing is keyed by arm and its denoising is the sample-level fusion
+    plus the stream-level anchor weight; anchors are executed when a correction needs them."""
+    if not mode.uses_wm:
+        return VariantSpec(reward="real")
+    return VariantSpec(
+        reward="wm", anchors=mode.debias or mode.denoise,
+        debias="keyed" if mode.debias else "none", fuse=mode.denoise,
+        anchor_weight=mode.denoise,
+    )  # fmt: skip
+
+
 VARIANT_SPECS: dict[str, VariantSpec] = {
-    "real": VariantSpec(reward="real"),
-    "wm_only": VariantSpec(reward="wm"),
-    "debias_only": VariantSpec(reward="wm", anchors=True, debias="keyed"),
-    "denoise_only": VariantSpec(reward="wm", anchors=True, fuse=True, anchor_weight=True),
-    "wmrl": VariantSpec(reward="wm", anchors=True, debias="keyed", fuse=True, anchor_weight=True),
+    **{name: mode_variant(m) for name, m in MODE_SPECS.items()},
+    # ablations and controls of the bandit study
     "debias_monotone_only": VariantSpec(reward="wm", anchors=True, debias="monotone"),
     "constant_bias": VariantSpec(reward="wm", constant_bias=True),
     "cross_arm_iv": VariantSpec(
@@ -233,12 +244,9 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
             score, var = wm_score(means, log_vars, spec.fuse)
         else:
             score, var = wm_score_exact(problem, head_eps[0], arms, x, bias, spec.fuse)
-        calibrated = debias.apply_debias(corr.debias, score, arms, st.debias)
-        rewards = calibrated
-        weight = denoise.anchor_weight(corr.denoise, st.denoise)
         metrics = {
             "cost": jnp.asarray(B + st.real_cost * anchor_pulls, jnp.float32),
-            "anchor_weight": weight if spec.anchor_weight else jnp.ones(()),
+            "anchor_weight": jnp.ones(()),
             "bias_reduction": jnp.zeros(()),
         }
         is_anchor = jnp.zeros((num_groups,), bool)
@@ -248,11 +256,21 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
             groups = jnp.nonzero(is_anchor, size=n_anchor_groups)[0]
             take = lambda v: v.reshape(num_groups, G)[groups]
             real = take(r_true) + problem.real_noise * real_eps.reshape(n_anchor_groups, G)
-            rewards = calibrated.reshape(num_groups, G).at[groups].set(real).reshape(B)
+            c = correct.correct(
+                corr, score, real, groups, group_size=G,
+                debias_on=spec.debias != "none", denoise_on=True, debias_cfg=st.debias,
+                denoise_cfg=st.denoise, keys=arms,
+                refit=False,  # `refit_due_maps` in make_train refits outside the vmap
+            )  # fmt: skip
+            corr, rewards, weight = c.correction, c.rewards, c.weight
             diag = debias.bias_diagnostic(
-                take(score).reshape(-1), take(calibrated).reshape(-1), real.reshape(-1), G
+                take(score).reshape(-1), take(c.calibrated).reshape(-1), real.reshape(-1), G
             )
             metrics["bias_reduction"] = diag["bias_reduction"]
+            if spec.anchor_weight:
+                metrics["anchor_weight"] = weight
+        else:
+            rewards = debias.apply_debias(corr.debias, score, arms, st.debias)
         if spec.cross_iv:
             # Negative control: weights *different* pulls by their own inverse variance.
             anchor_pull = jnp.repeat(is_anchor, G)
@@ -265,19 +283,6 @@ def make_step(problem: BanditProblem, st: StepStatics) -> Callable:
             adv = grpo.apply_anchor_weight(adv, G, is_anchor, weight)
         grad = policy_gradient(params, x, arms, adv)
         params = jax.tree.map(lambda p, g: p + st.learning_rate * g, params, grad)
-
-        if spec.anchors:
-            new_debias = debias.update_debias(
-                corr.debias,
-                take(score).reshape(-1),
-                real.reshape(-1),
-                take(arms).reshape(-1),
-                jnp.ones((anchor_pulls,), bool),
-                st.debias,
-                refit=False,  # `refit_due_maps` in make_train refits outside the vmap
-            )
-            new_denoise = denoise.update_denoise(corr.denoise, take(calibrated), real, st.denoise)
-            corr = corr.replace(debias=new_debias, denoise=new_denoise)
         return {"params": params, "corr": corr}, metrics
 
     return step

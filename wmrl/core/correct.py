@@ -1,14 +1,16 @@
 """The per-step reward correction of WMRL (DESIGN.md 3.4-3.6) and the table of modes.
 
-`correct_rewards` is the AutoResearch trainer's jitted correction: calibrate the WM scores
-(monotone map), put real rewards in the anchor groups, update the estimators on the anchor
-pairs, group advantages, anchor weight. `MODE_SPECS` is the one table of what each mode
-turns on.
+`correct` is the one correction, shared by the bandits (`wmrl.bandits.train`) and the
+AutoResearch trainer (`correct_rewards`, its jitted per-step form with advantages and
+statistics): calibrate the WM scores, put real rewards in the anchor groups, fold the anchor
+pairs into the estimators, read the anchor weight. `MODE_SPECS` is the one table of what
+each mode turns on (the bandits' variants extend it, `wmrl.bandits.train.VARIANT_SPECS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,79 @@ MODE_SPECS = {
 }
 
 
+class Correction(NamedTuple):
+    """What `correct` returns: the new estimator state and the step's rewards."""
+
+    correction: CorrectionState
+    calibrated: jax.Array  # [N] calibrated WM scores (raw where debiasing is off)
+    rewards: jax.Array  # [N] real rewards on anchor rows, the WM stream's elsewhere
+    valid: jax.Array  # [N] bool, False on ungraded anchor rows (masked, never scored 0)
+    weight: jax.Array  # the anchor weight for this step's anchor groups (1 when off)
+    anchors: dict  # [A, G] views of the anchor groups: raw, stream, env, ok, full [A]
+
+
+def correct(
+    corr: CorrectionState,
+    r_wm: jax.Array,
+    anchor_env: jax.Array,
+    anchor_index: jax.Array,
+    *,
+    group_size: int,
+    debias_on: bool,
+    denoise_on: bool,
+    debias_cfg: debias_lib.DebiasConfig,
+    denoise_cfg: denoise_lib.DenoiseConfig,
+    keys: jax.Array | None = None,
+    anchor_ok: jax.Array | None = None,
+    static_mask: jax.Array | None = None,
+    static_reward: jax.Array | None = None,
+    refit: bool = True,
+) -> Correction:
+    """One step of Online Debiasing and stream-level denoising on N = B*G rows.
+
+    r_wm: [N] raw WM scores; anchor_env: [A, G] real rewards of the anchor groups
+    `anchor_index` [A] (static count A), graded where `anchor_ok` [A, G] (default all);
+    keys: [N] debiasing keys (arms) for keyed offsets; static_mask / static_reward: [N] rows
+    whose outcome is known without execution and that reward (they replace the WM score, and
+    their pairs stay out of the map); refit: refit the monotone map when due (the bandits
+    refit outside their vmap over seeds instead).
+
+    The calibration applied to this step's scores is the estimator as it was *before* this
+    step's pairs (out of sample). The anchor weight is read *after* this step's anchor groups
+    are folded into the disagreement EMA: the weight then uses every disagreement measured
+    so far, including that of the groups it scales, and the scale `c` applies from the very
+    step whose groups complete the warm-up. (Reading it before would add a step of delay on
+    top of `rl.anchor_lag`'s.) The trainer always read it after; the bandits read it before
+    until the two were unified (tests/test_core_correct.py and tests/test_rl_correction.py
+    check the order by hand).
+    """
+    G = group_size
+    calibrated = debias_lib.apply_debias(corr.debias, r_wm, keys, debias_cfg) if debias_on else r_wm
+    stream = (
+        calibrated if static_mask is None else jnp.where(static_mask, static_reward, calibrated)
+    )
+    ok = jnp.ones(anchor_env.shape, bool) if anchor_ok is None else anchor_ok
+    put = lambda rows, groups: rows.reshape(-1, G).at[anchor_index].set(groups).reshape(-1)
+    rewards = put(stream, anchor_env)
+    valid = put(jnp.ones(stream.shape, bool), ok)
+    take = lambda x: x.reshape(-1, G)[anchor_index]
+    a = {"raw": take(r_wm), "stream": take(stream), "env": anchor_env, "ok": ok}
+    a["full"] = ok.all(axis=1)  # groups with every trajectory graded
+    deb, den = corr.debias, corr.denoise
+    if debias_on:
+        pairs = ok if static_mask is None else ok & ~take(static_mask)
+        k = None if keys is None else take(keys).reshape(-1)
+        deb = debias_lib.update_debias(
+            deb, a["raw"].reshape(-1), anchor_env.reshape(-1), k, pairs.reshape(-1), debias_cfg,
+            refit=refit,
+        )  # fmt: skip
+    if denoise_on:
+        den = denoise_lib.update_denoise(den, a["stream"], anchor_env, denoise_cfg, a["full"])
+    weight = denoise_lib.anchor_weight(den, denoise_cfg) if denoise_on else jnp.float32(1.0)
+    new = CorrectionState(debias=deb, denoise=den)
+    return Correction(new, calibrated, rewards, valid, weight, a)
+
+
 def correct_rewards(
     correction: CorrectionState,
     r_wm: jax.Array,
@@ -60,7 +135,7 @@ def correct_rewards(
     normalize_std: bool,
     baseline: str,
 ):
-    """Rewards, advantages and the new correction state for one step (jitted per config).
+    """The trainer's step: `correct`, then advantages and statistics (jitted per config).
 
     Returns `(new correction state, {"rewards", "valid", "advantages", "calibrated"} [N],
     scalar stats)`.
@@ -73,46 +148,34 @@ def correct_rewards(
     anchor pairs stay out of the monotone map (it calibrates the WM on what it scores).
     """
     G = group_size
-    calibrated = (
-        debias_lib.apply_debias(correction.debias, r_wm, None, debias_cfg) if spec.debias else r_wm
-    )
     if static_mask is None:
         static_mask = jnp.zeros_like(anchor_rows)
         static_reward = jnp.zeros_like(r_wm)
-    stream = jnp.where(static_mask, static_reward, calibrated)  # the WM stream's reward
-    rewards = jnp.where(anchor_rows, r_env, stream)
-    valid = jnp.where(anchor_rows, env_valid, True)
-    # Anchor-group views [A, G] for the diagnostics and the stream-level statistics.
     take = lambda x: x.reshape(-1, G)[anchor_index]
-    a_raw, a_cal, a_env, a_ok = take(r_wm), take(stream), take(r_env), take(env_valid)
-    a_learned = ~take(static_mask)  # the anchor rows the WM stream would have scored
-    full = a_ok.all(axis=1)  # groups with every trajectory graded
-    diag = debias_lib.bias_diagnostic(
-        jnp.where(full[:, None], a_raw, 0.0).reshape(-1),
-        jnp.where(full[:, None], a_cal, 0.0).reshape(-1),
-        jnp.where(full[:, None], a_env, 0.0).reshape(-1),
-        G,
+    c = correct(
+        correction, r_wm, take(r_env), anchor_index, group_size=G, debias_on=spec.debias,
+        denoise_on=spec.denoise, debias_cfg=debias_cfg, denoise_cfg=denoise_cfg,
+        anchor_ok=take(env_valid), static_mask=static_mask, static_reward=static_reward,
+    )  # fmt: skip
+    a, full = c.anchors, c.anchors["full"]
+    masked = lambda x: jnp.where(full[:, None], x, 0.0).reshape(-1)
+    diag = debias_lib.bias_diagnostic(masked(a["raw"]), masked(a["stream"]), masked(a["env"]), G)
+    ok = a["ok"].reshape(-1)
+    rank = spearman(
+        jnp.where(ok, a["raw"].reshape(-1), 0.0), jnp.where(ok, a["env"].reshape(-1), 0.0)
     )
-    ok = a_ok.reshape(-1)
-    rank = spearman(jnp.where(ok, a_raw.reshape(-1), 0.0), jnp.where(ok, a_env.reshape(-1), 0.0))
-    deb, den = correction.debias, correction.denoise
-    if spec.debias:
-        deb = debias_lib.update_debias(
-            deb, a_raw.reshape(-1), a_env.reshape(-1), None, ok & a_learned.reshape(-1), debias_cfg
-        )
-    if spec.denoise:
-        den = denoise_lib.update_denoise(den, a_cal, a_env, denoise_cfg, group_mask=full)
-    weight = denoise_lib.anchor_weight(den, denoise_cfg) if spec.denoise else jnp.float32(1.0)
-    adv = group_advantages(rewards, G, valid=valid, normalize_std=normalize_std, baseline=baseline)
-    adv = apply_anchor_weight(adv, G, anchor_groups, weight)
+    adv = group_advantages(
+        c.rewards, G, valid=c.valid, normalize_std=normalize_std, baseline=baseline
+    )
+    adv = apply_anchor_weight(adv, G, anchor_groups, c.weight)
     stats = {
         "bias_reduction": diag["bias_reduction"],
         "residual_before": diag["residual_before"],
         "residual_after": diag["residual_after"],
         "wm_rank_corr": rank,
-        "anchor_weight": weight,
+        "anchor_weight": c.weight,
         "calibrated": correction.debias.monotone.fitted if spec.debias else jnp.bool_(False),
-        "train_reward": jnp.sum(jnp.where(valid, rewards, 0.0)) / jnp.maximum(valid.sum(), 1),
+        "train_reward": jnp.sum(jnp.where(c.valid, c.rewards, 0.0)) / jnp.maximum(c.valid.sum(), 1),
     }
-    out = {"rewards": rewards, "valid": valid, "advantages": adv, "calibrated": calibrated}
-    return CorrectionState(debias=deb, denoise=den), out, stats
+    out = {"rewards": c.rewards, "valid": c.valid, "advantages": adv, "calibrated": c.calibrated}
+    return c.correction, out, stats
