@@ -55,7 +55,7 @@ def finished_benchmark(workdir: Path, modes=("real", "wmrl")) -> None:
 
 def child_writes(path: str, log_path, fail: bool) -> None:
     """A stand-in for a stage or mode process: prints, writes `path`, optionally fails."""
-    from wmrl.benchmarks.speedup import _redirect_output
+    from wmrl.benchmarks.speedup_runner import _redirect_output
 
     _redirect_output(log_path)
     print("child output", flush=True)

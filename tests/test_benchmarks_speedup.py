@@ -12,8 +12,9 @@ import pytest
 
 from tests.rl_fixtures import load_config
 from tests.speedup_fixtures import ev, finished_benchmark
-from wmrl.benchmarks import speedup
+from wmrl.benchmarks import speedup_figures, speedup_runner
 from wmrl.rl import config as rlconfig
+from wmrl.rl.experiment import time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,50 +24,52 @@ WMRL = [ev(0.0, 0.20), ev(20.0, 0.41), ev(40.0, 0.50), ev(60.0, 0.52)]
 
 
 def test_time_to_reward_first_eval_at_or_above():
-    assert speedup.time_to_reward(REAL, 0.40) == 100.0  # 0.45 at t=100 is the first >= 0.40
-    assert speedup.time_to_reward(REAL, 0.45) == 100.0
-    assert speedup.time_to_reward(REAL, 0.20) == 0.0  # the warm start already has it
-    assert speedup.time_to_reward(REAL, 0.46) is None
-    assert speedup.time_to_reward([ev(0.0, None), ev(5.0, 0.3)], 0.1) == 5.0  # ungraded skipped
+    assert time_to_target(REAL, 0.40) == 100.0  # 0.45 at t=100 is the first >= 0.40
+    assert time_to_target(REAL, 0.45) == 100.0
+    assert time_to_target(REAL, 0.20) == 0.0  # the warm start already has it
+    assert time_to_target(REAL, 0.46) is None
+    assert time_to_target([ev(0.0, None), ev(5.0, 0.3)], 0.1) == 5.0  # ungraded skipped
 
 
 def test_time_to_target_ratio():
     # real's final reward is 0.40, first reached by real at t=100 and by wmrl at t=20 (0.41).
-    out = speedup.time_to_target_ratio({"real": REAL, "wmrl": WMRL})
+    out = speedup_figures.time_to_target_ratio({"real": REAL, "wmrl": WMRL})
     assert out["target"] == 0.40 and out["t_real"] == 100.0 and out["t_mode"] == 20.0
     assert out["ratio"] == pytest.approx(5.0) and out["note"] is None
     # wmrl never reaches 0.40: no ratio, and the note says so.
     slow = [ev(0.0, 0.20), ev(30.0, 0.35)]
-    out = speedup.time_to_target_ratio({"real": REAL, "wmrl": slow})
+    out = speedup_figures.time_to_target_ratio({"real": REAL, "wmrl": slow})
     assert out["ratio"] is None and out["t_mode"] is None and "never reached" in out["note"]
     # real ends where the warm start was: reached at t=0 by both, no ratio.
     flat = [ev(0.0, 0.20), ev(50.0, 0.10), ev(90.0, 0.20)]
-    out = speedup.time_to_target_ratio({"real": flat, "wmrl": WMRL})
+    out = speedup_figures.time_to_target_ratio({"real": flat, "wmrl": WMRL})
     assert out["ratio"] is None and out["t_real"] == 0.0 and "warm start" in out["note"]
 
 
 def test_reward_at_equal_wall_clock():
     # Modes reach 150 s and 60 s: compare at 60 s. real's last eval at or before 60 is t=50.
-    t, rewards = speedup.reward_at_equal_wall_clock({"real": REAL, "wmrl": WMRL})
+    t, rewards = speedup_figures.reward_at_equal_wall_clock({"real": REAL, "wmrl": WMRL})
     assert t == 60.0
     assert rewards == {"real": 0.30, "wmrl": 0.52}
-    assert speedup.reward_at_wall_clock(REAL, 49.9) == 0.20
-    assert speedup.reward_at_wall_clock([ev(0.0, 0.1), ev(10.0, None)], 10.0) == 0.1
-    assert speedup.reward_at_wall_clock([ev(5.0, 0.1)], 1.0) is None
+    assert speedup_figures.reward_at_wall_clock(REAL, 49.9) == 0.20
+    assert speedup_figures.reward_at_wall_clock([ev(0.0, 0.1), ev(10.0, None)], 10.0) == 0.1
+    assert speedup_figures.reward_at_wall_clock([ev(5.0, 0.1)], 1.0) is None
 
 
 def test_noise_robust_views_of_equal_wall_clock():
     # Over [0, 60]: real holds 0.20 for 50 s then 0.30 for 10 s; wmrl 0.20, 0.41, 0.50 for
     # 20 s each (its eval at 60 s starts a new segment of length 0).
-    assert speedup.time_average_reward(REAL, 60.0) == pytest.approx((50 * 0.2 + 10 * 0.3) / 60)
-    assert speedup.time_average_reward(WMRL, 60.0) == pytest.approx(
+    assert speedup_figures.time_average_reward(REAL, 60.0) == pytest.approx(
+        (50 * 0.2 + 10 * 0.3) / 60
+    )
+    assert speedup_figures.time_average_reward(WMRL, 60.0) == pytest.approx(
         (20 * 0.2 + 20 * 0.41 + 20 * 0.5) / 60
     )
-    assert speedup.time_average_reward(REAL, 0.0) is None
-    assert speedup.recent_mean_reward(REAL, 60.0) == pytest.approx(0.25)  # only two so far
-    assert speedup.recent_mean_reward(WMRL, 60.0) == pytest.approx((0.41 + 0.5 + 0.52) / 3)
-    assert speedup.recent_mean_reward([ev(0.0, None), ev(5.0, 0.3)], 10.0) == 0.3
-    assert speedup.recent_mean_reward(REAL, -1.0) is None
+    assert speedup_figures.time_average_reward(REAL, 0.0) is None
+    assert speedup_figures.recent_mean_reward(REAL, 60.0) == pytest.approx(0.25)  # only two so far
+    assert speedup_figures.recent_mean_reward(WMRL, 60.0) == pytest.approx((0.41 + 0.5 + 0.52) / 3)
+    assert speedup_figures.recent_mean_reward([ev(0.0, None), ev(5.0, 0.3)], 10.0) == 0.3
+    assert speedup_figures.recent_mean_reward(REAL, -1.0) is None
 
 
 def test_standard_error_of_the_evaluation_at_equal_wall_clock():
@@ -74,10 +77,10 @@ def test_standard_error_of_the_evaluation_at_equal_wall_clock():
         {**ev(0.0, 0.2), "heldout_reward_se": 0.05},
         {**ev(30.0, 0.4), "heldout_reward_se": 0.03},
     ]
-    assert speedup.se_at_wall_clock(curve, 29.0) == 0.05
-    assert speedup.se_at_wall_clock(curve, 30.0) == 0.03
-    assert speedup.se_at_wall_clock(REAL, 60.0) is None  # runs from before the field
-    assert speedup.se_at_wall_clock(curve, -1.0) is None
+    assert speedup_figures.se_at_wall_clock(curve, 29.0) == 0.05
+    assert speedup_figures.se_at_wall_clock(curve, 30.0) == 0.03
+    assert speedup_figures.se_at_wall_clock(REAL, 60.0) is None  # runs from before the field
+    assert speedup_figures.se_at_wall_clock(curve, -1.0) is None
 
 
 def step(n, wall, execute, anchor_fraction=1.0):
@@ -87,7 +90,7 @@ def step(n, wall, execute, anchor_fraction=1.0):
 
 def test_step_times_from_cumulative_wall_clock():
     steps = [step(2, 18.0, 0), step(1, 10.0, 0), step(3, 26.5, 0)]  # order does not matter
-    assert speedup.step_times(steps) == [10.0, 8.0, 8.5]
+    assert speedup_figures.step_times(steps) == [10.0, 8.0, 8.5]
 
 
 def test_amdahl_hand_numbers():
@@ -97,7 +100,7 @@ def test_amdahl_hand_numbers():
     # wmrl: cumulative 12, 16, 20, 24 -> T_wmrl = 4; per-step 8 / 4 = 2; reached 2 / (16/7).
     real = [step(1, 10, 5), step(2, 18, 6), step(3, 26, 6), step(4, 34, 6)]
     wmrl = [step(1, 12, 9, 0.5), step(2, 16, 1, 0.25), step(3, 20, 1, 0.25), step(4, 24, 1, 0.25)]
-    out = speedup.amdahl(real, wmrl, warmup=1)
+    out = speedup_figures.amdahl(real, wmrl, warmup=1)
     assert out["real_step_s"] == pytest.approx(8.0)
     assert out["real_execute_s"] == pytest.approx(6.0)
     assert out["anchor_fraction"] == pytest.approx(0.25)
@@ -107,15 +110,15 @@ def test_amdahl_hand_numbers():
     assert out["per_step_speedup"] == pytest.approx(2.0)
     assert out["amdahl_fraction_reached"] == pytest.approx(2.0 * 7 / 16)
     # warmup 0 keeps the compile steps: T_real = 34/4, E_real = 23/4, a = 1.25/4, T_wmrl = 6.
-    out = speedup.amdahl(real, wmrl, warmup=0)
+    out = speedup_figures.amdahl(real, wmrl, warmup=0)
     T, E, a = 8.5, 5.75, 0.3125
     assert out["amdahl_bound"] == pytest.approx(T / ((T - E) + a * E))
     assert out["per_step_speedup"] == pytest.approx(T / 6.0)
     # one step only: the warmup cannot drop it.
-    out = speedup.amdahl([step(1, 10, 4)], [step(1, 5, 1, 0.5)], warmup=1)
+    out = speedup_figures.amdahl([step(1, 10, 4)], [step(1, 5, 1, 0.5)], warmup=1)
     assert out["amdahl_bound"] == pytest.approx(10 / (6 + 2))
     assert out["per_step_speedup"] == pytest.approx(2.0)
-    assert speedup.amdahl([], wmrl)["amdahl_bound"] is None
+    assert speedup_figures.amdahl([], wmrl)["amdahl_bound"] is None
 
 
 def test_calibration_mae_and_bins():
@@ -124,7 +127,7 @@ def test_calibration_mae_and_bins():
         {"r_wm": 0.15, "r_cal": 0.25, "r_env": 0.2},
         {"r_wm": 0.95, "r_cal": 0.75, "r_env": 0.8},
     ]
-    cal = speedup.calibration(pairs, bins=2)
+    cal = speedup_figures.calibration(pairs, bins=2)
     assert cal["n"] == 3
     assert cal["raw"]["mae"] == pytest.approx((0.15 + 0.05 + 0.15) / 3)
     assert cal["debiased"]["mae"] == pytest.approx((0.05 + 0.05 + 0.05) / 3)
@@ -145,11 +148,11 @@ def test_static_check_precision_and_recall_hand_numbers():
         pair(0, "MALFORMED"),  # one real RUNTIME_ERROR missed
     ]
     steps = [{"static_runtime_error": 3, "static_malformed": 1}, {"static_runtime_error": 2}]
-    got = speedup.static_check_stats(pairs, steps)
+    got = speedup_figures.static_check_stats(pairs, steps)
     assert got["flagged_runtime_error"] == 4 and got["precision"] == 3 / 4
     assert got["anchor_runtime_errors"] == 3 and got["recall"] == 2 / 3
     assert got["wm_rows_static_runtime_error"] == 5 and got["wm_rows_static_malformed"] == 1
-    assert speedup.static_check_stats([{"status": 5}], []) is None  # `real`: no verdicts
+    assert speedup_figures.static_check_stats([{"status": 5}], []) is None  # `real`: no verdicts
 
 
 def test_within_group_correlation_hand_numbers():
@@ -162,7 +165,7 @@ def test_within_group_correlation_hand_numbers():
         pair(1, "b", 0.7, 0.8), pair(1, "b", 0.3, 0.6),
         pair(2, "a", 0.9, 0.0),  # a group of one: no within-group signal, left out
     ]  # fmt: skip
-    got = speedup.within_group_correlation(pairs)
+    got = speedup_figures.within_group_correlation(pairs)
     # Centred: stream (-0.25, 0.25, 0.2, -0.2), raw (-0.05, 0.05, 0.2, -0.2), real (-0.4, 0.4,
     # 0.1, -0.1); correlation = sum(xy) / sqrt(sum(x^2) sum(y^2)).
     assert got["groups"] == 2
@@ -170,48 +173,58 @@ def test_within_group_correlation_hand_numbers():
     assert got["raw_wm"] == pytest.approx(0.08 / (0.085 * 0.34) ** 0.5)
     # Older runs record only `static` (then always MALFORMED, reward 0).
     old = [{**p, "static_status": None, "static": p["static_status"] is not None} for p in pairs]
-    assert speedup.stream_reward(old[0]) == 0.0 and speedup.stream_reward(pairs[0]) == 0.1
-    assert speedup.within_group_correlation(pairs[4:])["stream"] is None
+    assert (
+        speedup_figures.stream_reward(old[0]) == 0.0
+        and speedup_figures.stream_reward(pairs[0]) == 0.1
+    )
+    assert speedup_figures.within_group_correlation(pairs[4:])["stream"] is None
 
 
 def test_shared_config_budget_and_steps(tmp_path):
 
     base = load_config()
-    c = speedup.shared_config(base, tmp_path)
+    c = speedup_runner.shared_config(base, tmp_path)
     assert c.data_dir == str(tmp_path / "shared" / "data")
     assert c.init_dir == str(tmp_path / "shared" / "init")
     assert c.rl.steps == base.rl.steps and c.rl.max_wall_time_s == 0.0
-    c = speedup.shared_config(base, tmp_path, budget_s=300.0)
-    assert c.rl.max_wall_time_s == 300.0 and c.rl.steps == speedup.UNLIMITED_STEPS
+    c = speedup_runner.shared_config(base, tmp_path, budget_s=300.0)
+    assert c.rl.max_wall_time_s == 300.0 and c.rl.steps == speedup_runner.UNLIMITED_STEPS
     # every mode evaluated at the same wall-clock points, not by step count: 12 points from
     # 300 / 32 s to 300 s, each 32 ** (1 / 11) = 1.3703 times the previous
-    assert c.rl.eval_every == speedup.UNLIMITED_STEPS and c.rl.eval_every_s == 0.0
+    assert c.rl.eval_every == speedup_runner.UNLIMITED_STEPS and c.rl.eval_every_s == 0.0
     pts = np.asarray(c.rl.eval_at_s)
     assert len(pts) == 12 and pts[0] == pytest.approx(9.375) and pts[-1] == pytest.approx(300.0)
     np.testing.assert_allclose(pts[1:] / pts[:-1], 1.370350, rtol=1e-5)
     rlconfig.validate_autoresearch_config(c)  # the grid passes the config's own check
     base.rl.eval_every_s = 20.0  # a cadence the user gave is kept, no grid added
-    c = speedup.shared_config(base, tmp_path, budget_s=300.0)
+    c = speedup_runner.shared_config(base, tmp_path, budget_s=300.0)
     assert c.rl.eval_every_s == 20.0 and c.rl.eval_at_s == ()
     base.rl.eval_every_s = 0.0
     base.rl.eval_at_s = (50.0, 100.0)  # so are points
-    assert speedup.shared_config(base, tmp_path, budget_s=300.0).rl.eval_at_s == (50.0, 100.0)
+    assert speedup_runner.shared_config(base, tmp_path, budget_s=300.0).rl.eval_at_s == (
+        50.0,
+        100.0,
+    )
     base.rl.eval_at_s = ()
-    c = speedup.shared_config(base, tmp_path, budget_s=300.0, steps=7)
+    c = speedup_runner.shared_config(base, tmp_path, budget_s=300.0, steps=7)
     assert c.rl.steps == 7
     assert base.data_dir == "" and base.rl.max_wall_time_s == 0.0  # the input is not changed
-    assert speedup.mode_config(c, "real").mode == "real" and c.mode == "wmrl"
+    assert speedup_runner.mode_config(c, "real").mode == "real" and c.mode == "wmrl"
 
 
 def test_fresh_process_runs_logs_and_reports_failure(tmp_path):
     from tests.speedup_fixtures import child_writes
 
     marker, log = tmp_path / "marker", tmp_path / "run.log"
-    seconds = speedup._in_fresh_process(child_writes, (str(marker), str(log), False), "x", str(log))
+    seconds = speedup_runner._in_fresh_process(
+        child_writes, (str(marker), str(log), False), "x", str(log)
+    )
     assert seconds > 0 and int(marker.read_text()) != os.getpid()  # another process wrote it
     assert log.read_text() == "child output\n"
     with pytest.raises(RuntimeError, match=r"(?s)mode_x failed \(exit code 3\).*child output"):
-        speedup._in_fresh_process(child_writes, (str(marker), str(log), True), "mode_x", str(log))
+        speedup_runner._in_fresh_process(
+            child_writes, (str(marker), str(log), True), "mode_x", str(log)
+        )
 
 
 # -- the CLI on finished runs written by hand (no RL: every mode's summary.json exists) ------

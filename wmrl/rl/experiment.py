@@ -87,6 +87,11 @@ def init_dir(config, workdir: str | os.PathLike) -> epath.Path:
     return epath.Path(config.init_dir) if config.init_dir else epath.Path(workdir) / "init"
 
 
+def is_finished(workdir: str | os.PathLike) -> bool:
+    """Whether `workdir` holds a finished run (its summary.json, written last, exists)."""
+    return (epath.Path(workdir) / "summary.json").exists()
+
+
 def check_resumable(config, workdir: str | os.PathLike) -> None:
     """A workdir that holds a run with a different config is refused, naming the fields."""
     workdir = epath.Path(workdir)

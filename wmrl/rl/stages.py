@@ -37,6 +37,12 @@ STAGE_FIELDS = {
 }  # fmt: skip
 
 
+def stages_done(config, init_dir) -> bool:
+    """Whether every stage before RL (the warm start and the WM pretraining, written after
+    the data stage) has completed under `init_dir` with this config."""
+    return all(_done(epath.Path(init_dir) / stage, config) is not None for stage in STAGE_FIELDS)
+
+
 def _fingerprint(config, stage: str) -> dict:
     out = {}
     for field in STAGE_FIELDS[stage]:

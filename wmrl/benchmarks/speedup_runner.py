@@ -1,0 +1,165 @@
+"""The speedup benchmark's runner: the shared stages once, then every mode in a fresh process.
+
+It asks the pipeline whether a stage or a mode is done (`wmrl.rl.stages.stages_done`,
+`wmrl.rl.experiment.is_finished`) instead of knowing their folders. See
+`wmrl.benchmarks.speedup` for the command and what the directories hold.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+from wmrl.core.correct import MODE_SPECS
+from wmrl.jsonl import read_jsonl
+
+MODES = ("real", "wmrl")
+ABLATIONS = ("wm_only", "debias_only", "denoise_only")
+ALL_MODES = tuple(MODE_SPECS)  # real, wm_only, debias_only, denoise_only, wmrl
+UNLIMITED_STEPS = 10**9  # the step limit under a wall-clock budget (the budget ends the run)
+# Under a budget, held-out evaluations at EVAL_POINTS training wall-clock points spaced
+# geometrically from budget / EVAL_SPAN to the budget (a constant ~1.37x apart): time ratios
+# get the same relative resolution wherever the target is reached. (Evenly spaced points,
+# budget / 8 apart, capped a measurable ratio at t_real / (budget / 8): about 2x when real
+# reached its target at its second point.)
+EVAL_POINTS = 12
+EVAL_SPAN = 32.0
+
+
+def geometric_points(budget_s: float, n: int = EVAL_POINTS, span: float = EVAL_SPAN):
+    """`n` wall-clock points from `budget_s / span` to `budget_s`, each the previous times
+    `span ** (1 / (n - 1))`."""
+    return tuple(budget_s * span ** (i / (n - 1) - 1.0) for i in range(n))
+
+
+def modes_for(ablations: bool) -> tuple[str, ...]:
+    return ALL_MODES if ablations else MODES
+
+
+def shared_config(config, workdir: str | os.PathLike, budget_s: float | None = None,
+                  steps: int | None = None):  # fmt: skip
+    """A copy of `config` with the shared data/init dirs under `workdir`/shared (unless the
+    config names its own), the wall-clock budget and the step limit (see the module doc)."""
+    c = config.copy_and_resolve_references()
+    shared = Path(workdir) / "shared"
+    if not c.data_dir:
+        c.data_dir = str(shared / "data")
+    if not c.init_dir:
+        c.init_dir = str(shared / "init")
+    if budget_s:
+        c.rl.max_wall_time_s = float(budget_s)
+        c.rl.steps = UNLIMITED_STEPS
+        # Evaluate every mode at the same wall-clock points (a step-count cadence would give
+        # the faster mode more, and the slower one coarser, evaluations).
+        if not c.rl.eval_every_s and not c.rl.eval_at_s:
+            c.rl.eval_at_s = geometric_points(float(budget_s))
+        c.rl.eval_every = UNLIMITED_STEPS
+    if steps:
+        c.rl.steps = int(steps)
+    return c
+
+
+def mode_config(config, mode: str):
+    """The shared config with `mode` set (the only field that differs between modes)."""
+    c = config.copy_and_resolve_references()
+    c.mode = mode
+    return c
+
+
+def _redirect_output(log_path: str | None) -> None:
+    if log_path:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def _stages_child(config, log_path, progress) -> None:
+    """The stages of `wmrl.rl.experiment.run` before RL, into the shared dirs: the data
+    stage, the warm start and the WM pretraining (built exactly as `run` builds them, so that
+    every mode's `run` finds them done and loads them)."""
+    _redirect_output(log_path)
+    from wmrl.rl.experiment import prepare_stages, quiet_orbax
+
+    quiet_orbax()
+    prepare_stages(config, config.init_dir, progress)  # data_dir and init_dir are set
+
+
+def _mode_child(config, workdir, log_path, progress) -> None:
+    _redirect_output(log_path)
+    from wmrl.rl.experiment import run
+
+    run(config, workdir, progress=progress)
+
+
+def _in_fresh_process(target, args, what: str, log_path: str | None) -> float:
+    """Run `target(*args)` in a spawned process (no inherited JIT caches); returns seconds."""
+    t0 = time.monotonic()
+    p = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    p.start()
+    try:
+        p.join()
+    except KeyboardInterrupt:  # e.g. a notebook's interrupt reaches the parent only
+        p.terminate()
+        p.join()
+        raise
+    if p.exitcode != 0:
+        tail = ""
+        if log_path and Path(log_path).exists():
+            tail = "\n" + "\n".join(Path(log_path).read_text().splitlines()[-30:])
+        raise RuntimeError(f"{what} failed (exit code {p.exitcode}){tail}")
+    return time.monotonic() - t0
+
+
+def run_modes(config, workdir: str | os.PathLike, modes=MODES, progress: bool = True,
+              log_to_files: bool = False) -> dict:  # fmt: skip
+    """Run the shared stages (if a mode still has to run) and every mode not yet finished;
+    returns `{"stages_s", "modes_s": {mode: s}, "reused": [modes]}`.
+
+    `config` is the shared config (`shared_config`). With `log_to_files`, each process writes
+    its output to DIR/shared/stages.log or DIR/<mode>/run.log instead of the terminal."""
+    from wmrl.rl.experiment import check_resumable, is_finished
+    from wmrl.rl.stages import stages_done
+
+    workdir = Path(workdir)
+    todo = [m for m in modes if not is_finished(workdir / m)]
+    for m in modes:  # fail before anything runs
+        check_resumable(mode_config(config, m), workdir / m)
+    out = {"stages_s": None, "modes_s": {}, "reused": [m for m in modes if m not in todo]}
+    for m in out["reused"]:
+        print(f"{m}: reusing the finished run in {workdir / m}", flush=True)
+    if not todo:
+        return out
+    if not stages_done(config, config.init_dir):
+        (workdir / "shared").mkdir(parents=True, exist_ok=True)
+        log = str(workdir / "shared" / "stages.log") if log_to_files else None
+        print(f"shared stages -> {config.data_dir}, {config.init_dir}", flush=True)
+        out["stages_s"] = _in_fresh_process(_stages_child, (config, log, progress), "stages", log)
+    for m in todo:
+        c, d = mode_config(config, m), workdir / m
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(c.to_json_best_effort(indent=2) + "\n")
+        log = str(d / "run.log") if log_to_files else None
+        print(f"{m}: running in {d}", flush=True)
+        out["modes_s"][m] = _in_fresh_process(_mode_child, (c, str(d), log, progress), m, log)
+    return out
+
+
+def load_runs(workdir: str | os.PathLike, modes=MODES) -> dict:
+    """`{mode: {"summary", "steps", "pairs"}}` from the finished mode directories."""
+    workdir = Path(workdir)
+    runs = {}
+    for m in modes:
+        d = workdir / m
+        runs[m] = {
+            "summary": json.loads((d / "summary.json").read_text()),
+            "steps": [r for r in read_jsonl(d / "metrics.jsonl") if r.get("kind") == "step"],
+            "pairs": read_jsonl(d / "pairs.jsonl"),
+        }
+    return runs
