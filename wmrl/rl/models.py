@@ -208,17 +208,24 @@ def sft_step(m: Model, example: dict, prompt_width: int = 0):
     return make_train_step(m.graphdef, m.tx, loss, masked_token_count, m.shardings, example, m.mesh)
 
 
-def policy_step(m: Model, example: dict, config):
-    loss = PolicyLossConfig(
+def policy_loss_config(config) -> PolicyLossConfig:
+    return PolicyLossConfig(
         clip_eps=config.rl.clip_eps, kl_coef=config.rl.kl_coef,
+        entropy_coef=config.rl.entropy_coef,
         logits_from=config.data.max_prompt_len,  # the rows' prompt width (no loss there)
     )  # fmt: skip
+
+
+def policy_step(m: Model, example: dict, config):
+    loss = policy_loss_config(config)
     micro = config.rl.get("num_micro_batches", 1)
     return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss, micro)
 
 
-def wm_step(m: Model, example: dict):
-    return make_wm_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh)
+def wm_step(m: Model, example: dict, rank_coef: float = 0.0):
+    """The WM train step; with `rank_coef` (and `group` in the batch) the within-group
+    pairwise ranking loss is added to the NLL."""
+    return make_wm_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, rank_coef=rank_coef)
 
 
 def wm_batch(rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members: int) -> dict:
@@ -226,10 +233,14 @@ def wm_batch(rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members:
     per member (zero for ungraded rows, which carry no target)."""
     valid = rows["valid"][idx].astype(np.float32)
     weights = rng.poisson(1.0, (len(idx), num_members)).astype(np.float32) * valid[:, None]
-    return {
+    out = {
         "tokens": rows["tokens"][idx],
         "input_mask": rows["input_mask"][idx],
         "target": rows["target"][idx],
         "class_label": np.where(rows["valid"][idx], rows["class_label"][idx], -1).astype(np.int32),
         "member_weights": weights,
     }
+    if "group" in rows:  # the task of each row: the ranking loss's pairs
+        out["group"] = rows["group"][idx].astype(np.int32)
+        out["graded"] = rows["valid"][idx].astype(bool)
+    return out
