@@ -86,6 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.wm.batch_size = 16
     c.wm.learning_rate = 1e-3
     c.wm.rank_coef = 0.0  # within-task pairwise ranking loss beside the NLL (0 = NLL only)
+    c.wm.trunk_from_policy = False  # WM trunk = the warm-started policy's (its width, weights)
     c.wm.group_rows = 1  # pretraining batches of tasks x this many of their scripts (1 = rows)
     c.wm.online_learning_rate = 3e-4
     c.wm.online_steps = 2  # WM fine-tuning steps per RL step, on the replay of real outcomes

@@ -11,7 +11,9 @@ easy. Every variant pretrains from the same data stage (built once, or reused fr
 
 Variants (`VARIANTS`): `nll` (Gaussian NLL + class CE on uniformly drawn rows, the default
 config), `rank` (+ the within-task pairwise ranking loss on batches of 4 tasks x 4 scripts),
-`rank_only_grouped` (grouped batches, no ranking loss: separates the two changes).
+`rank_only_grouped` (grouped batches, no ranking loss: separates the two changes),
+`policy_trunk` (the WM trunk is the warm-started policy: its width and weights; the warm
+start is trained once, into `workdir/warmstart`), `policy_trunk_rank` (both).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ VARIANTS = {
     "nll": {},
     "rank": {"wm.rank_coef": 1.0, "wm.group_rows": 4},
     "rank_only_grouped": {"wm.group_rows": 4},
+    "policy_trunk": {"wm.trunk_from_policy": True},
+    "policy_trunk_rank": {"wm.trunk_from_policy": True, "wm.rank_coef": 1.0, "wm.group_rows": 4},
 }
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/autoresearch_tiny.py")
@@ -48,11 +52,18 @@ def variant_config(config, overrides: dict):
     return c
 
 
-def run_variant(config, prepared, stage_dir: Path) -> dict:
+def run_variant(config, prepared, workdir: Path, name: str) -> dict:
+    """Pretrain one variant's WM (its stage folder is reused when done); a WM trunk taken from
+    the policy needs the warm start, built once into `workdir/warmstart` for all variants."""
     vocab = models.vocab_size(config, prepared.tokenizer)
     mesh = models.make_rl_mesh(config)
+    trunk = None
+    if config.wm.trunk_from_policy:
+        policy = models.build_policy(config, vocab, models.adam(1e-3), mesh, config.seed)
+        trunk, _ = stages.warm_start(config, prepared, policy, workdir / "warmstart")
     wm = models.build_wm(config, vocab, models.adam(config.wm.online_learning_rate), mesh,
-                         config.seed + 1)  # fmt: skip
+                         config.seed + 1, trunk_params=trunk)  # fmt: skip
+    stage_dir = workdir / name / "wm_pretrain"
     t0 = time.monotonic()
     _, report = stages.pretrain_wm(config, prepared, wm, stage_dir, progress=True)
     held, train = report["heldout"], report.get("train", {})
@@ -80,7 +91,7 @@ def main(argv):
     results = {}
     for name in _VARIANTS.value:
         c = variant_config(config, VARIANTS[name])
-        results[name] = run_variant(c, prepared, workdir / name / "wm_pretrain")
+        results[name] = run_variant(c, prepared, workdir, name)
     cols = ("heldout_within_task_spearman", "heldout_spearman", "heldout_rmse",
             "train_within_task_spearman", "pretrain_s")  # fmt: skip
     print(f"WM quality after pretraining ({machine()})")

@@ -178,14 +178,19 @@ def build_policy(config, vocab_size: int, tx, mesh, seed: int) -> Model:
 
 def build_wm(config, vocab_size: int, tx, mesh, seed: int, trunk_params=None) -> Model:
     """The world model of `config.wm`; with `pretrained.wm_trunk` its trunk has the
-    checkpoint's architecture and starts from `trunk_params` (the imported policy weights,
-    copied), the heads from random."""
-    if pretrained.enabled(config) and config.pretrained.wm_trunk:
-        trunk = pretrained.model_config(config, seq_len(config))
+    checkpoint's architecture, with `wm.trunk_from_policy` the tiny policy's, and it starts
+    from `trunk_params` (the imported or warm-started policy weights, copied; the paper's WM
+    shares the agent's backbone), the heads from random."""
+    from_checkpoint = pretrained.enabled(config) and config.pretrained.wm_trunk
+    if from_checkpoint or config.wm.trunk_from_policy:
+        if from_checkpoint:
+            trunk = pretrained.model_config(config, seq_len(config))
+        else:
+            trunk = policy_config(config, vocab_size)
         cfg = WorldModelConfig(trunk=trunk, num_members=config.wm.num_members,
                                num_classes=NUM_CLASSES)  # fmt: skip
         if trunk_params is None:
-            raise ValueError("build_wm: pretrained.wm_trunk needs the imported trunk_params")
+            raise ValueError("build_wm: a WM trunk shared with the policy needs trunk_params")
         factory = lambda: WorldModel(cfg, rngs=nnx.Rngs(seed))
         heads = _init_heads(factory, mesh)
         params = {**heads, "trunk": jax.tree.map(jnp.copy, trunk_params)}

@@ -32,7 +32,8 @@ STAGE_FIELDS = {
     "wm_pretrain": (
         "seed", "suite.dir", "suite.tasks", "data", "pretrained", "wm.d_model", "wm.num_layers",
         "wm.mlp_dim", "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size",
-        "wm.learning_rate", "wm.rank_coef", "wm.group_rows",
+        "wm.learning_rate", "wm.rank_coef", "wm.group_rows", "wm.trunk_from_policy",
+        "policy",
     ),
 }  # fmt: skip
 
