@@ -103,3 +103,15 @@ def test_adaptive_rho_ema_equals_a_sequential_numpy_ema():
 def test_adaptive_rho_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"correction.{field}"):
         fidelity.AdaptiveRhoConfig(**kwargs)
+
+
+def test_anchor_mean_is_the_prior_then_an_ema_of_unflagged_anchor_rewards():
+    st = fidelity.init_anchor_mean(0.55)
+    np.testing.assert_allclose(float(fidelity.anchor_mean(st)), 0.55)
+    r = jnp.asarray([0.9, 0.1, 0.7, 0.5])
+    st = fidelity.update_anchor_mean(st, r, jnp.asarray([True, False, True, True]), half_life=2)
+    d = 0.5**0.5
+    ema = norm = 0.0
+    for x in (0.9, 0.7, 0.5):
+        ema, norm = d * ema + (1 - d) * x, d * norm + (1 - d)
+    np.testing.assert_allclose(float(fidelity.anchor_mean(st)), ema / norm, rtol=1e-6)

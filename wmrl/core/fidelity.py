@@ -170,3 +170,42 @@ def adaptive_rho(state: AdaptiveRhoState, config: AdaptiveRhoConfig) -> jax.Arra
     t = jnp.clip((agreement(state) - config.corr_low) / (config.corr_high - config.corr_low), 0, 1)
     rho = config.rho_max - t * (config.rho_max - config.rho_min)
     return jnp.where(state.groups >= config.warmup_groups, rho, config.rho).astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------- the control
+
+
+@struct.dataclass
+class AnchorMeanState:
+    """The `static_anchors` control's one shared reward (DESIGN.md 3.9): a world model that
+    knows only the average. An EMA (start-up corrected) of the real rewards of recent anchor
+    scripts that the static check did not flag; `prior` (the executed corpus's mean reward)
+    until the first one arrives."""
+
+    ema: jax.Array
+    norm: jax.Array
+    prior: jax.Array
+
+
+def init_anchor_mean(prior: float) -> AnchorMeanState:
+    zero = jnp.zeros((), jnp.float32)
+    return AnchorMeanState(ema=zero, norm=zero, prior=jnp.asarray(prior, jnp.float32))
+
+
+def update_anchor_mean(
+    state: AnchorMeanState, r_env: jax.Array, valid: jax.Array, half_life: float = 64.0
+) -> AnchorMeanState:
+    """Fold anchor rewards [N] (valid = graded and not statically fixed), in order."""
+    decay = math.pow(0.5, 1.0 / half_life)
+    ok = jnp.asarray(valid, bool)
+    later = (jnp.cumsum(ok[::-1])[::-1] - ok).astype(jnp.float32)
+    w = jnp.where(ok, (1 - decay) * decay**later, 0.0)
+    keep = decay ** ok.sum().astype(jnp.float32)
+    return state.replace(
+        ema=keep * state.ema + jnp.sum(w * jnp.where(ok, r_env, 0.0)),
+        norm=keep * state.norm + jnp.sum(w),
+    )
+
+
+def anchor_mean(state: AnchorMeanState) -> jax.Array:
+    return jnp.where(state.norm > 0, state.ema / jnp.maximum(state.norm, 1e-12), state.prior)
