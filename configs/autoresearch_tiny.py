@@ -87,6 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.wm.learning_rate = 1e-3
     c.wm.rank_coef = 0.0  # within-task pairwise ranking loss beside the NLL (0 = NLL only)
     c.wm.trunk_from_policy = False  # WM trunk = the warm-started policy's (its width, weights)
+    c.wm.validation_every = 0  # k > 0: every k-th script of a train task is held out (report)
     c.wm.group_rows = 1  # pretraining batches of tasks x this many of their scripts (1 = rows)
     c.wm.online_learning_rate = 3e-4
     c.wm.online_steps = 2  # WM fine-tuning steps per RL step, on the replay of real outcomes

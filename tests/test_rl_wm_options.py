@@ -45,3 +45,13 @@ def test_wm_trunk_from_policy_copies_the_policy_weights(tmp_path):
     plain = models.build_wm(tiny_config(tmp_path / "d", tmp_path / "i"), 64, models.adam(1e-3),
                             mesh, seed=1)  # fmt: skip
     assert plain.state.params["head_w1"].shape[1] == config.wm.d_model
+
+
+def test_split_validation_holds_out_every_kth_script_of_each_task():
+    rows = {"script_index": np.tile(np.arange(8), 3), "group": np.repeat(np.arange(3), 8)}
+    rows["x"] = np.arange(24)
+    fit, val = stages.split_validation(rows, 4)
+    assert sorted(val["script_index"].tolist()) == [3, 3, 3, 7, 7, 7]
+    assert len(fit["x"]) == 18 and not set(fit["x"]) & set(val["x"])
+    same, none = stages.split_validation(rows, 0)
+    assert none is None and same is rows

@@ -33,7 +33,7 @@ STAGE_FIELDS = {
         "seed", "suite.dir", "suite.tasks", "data", "pretrained", "wm.d_model", "wm.num_layers",
         "wm.mlp_dim", "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size",
         "wm.learning_rate", "wm.rank_coef", "wm.group_rows", "wm.trunk_from_policy",
-        "policy",
+        "wm.validation_every", "policy",
     ),
 }  # fmt: skip
 
@@ -149,7 +149,19 @@ def wm_rows(config, prepared, split: str) -> dict:
     rows.update(rldata.reward_targets(recs))
     index = {t.id: i for i, t in enumerate(tasks)}
     rows["group"] = np.array([index[r["task_id"]] for r in recs], np.int32)
+    rows["script_index"] = np.array([r["index"] for r in recs], np.int32)
     return rows
+
+
+def split_validation(rows: dict, every: int) -> tuple[dict, dict | None]:
+    """`(fit rows, validation rows)`: with `every` = k > 0 every k-th executed script of each
+    training task is held out of pretraining, so the report can say how well the WM ranks
+    *new scripts of seen tasks* (what it scores during RL) over many tasks, not only the few
+    held-out tasks."""
+    if every <= 0:
+        return rows, None
+    val = rows["script_index"] % every == every - 1
+    return {k: v[~val] for k, v in rows.items()}, {k: v[val] for k, v in rows.items()}
 
 
 def within_task_spearman(scores: np.ndarray, targets: np.ndarray, group: np.ndarray) -> dict:
@@ -207,6 +219,7 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
     from wmrl.models.train_steps import make_wm_score_fn
 
     train, held = wm_rows(config, prepared, "train"), wm_rows(config, prepared, "heldout")
+    train, validation = split_validation(train, config.wm.validation_every)
     n, bs, steps = len(train["tokens"]), config.wm.batch_size, config.wm.pretrain_steps
     m = wm.with_optimizer(models.adam(config.wm.learning_rate, steps, warmup=max(steps // 20, 1)))
     rng = np.random.default_rng(config.seed + 1)
@@ -234,5 +247,7 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
         "train": wm_report(score_fn, state.params, train, keep_scores=False),
         "time_s": time.monotonic() - t0,
     }
+    if validation is not None:
+        report["validation"] = wm_report(score_fn, state.params, validation, keep_scores=False)
     save_params(stage_dir, state.params, report, config)
     return state.params, report
