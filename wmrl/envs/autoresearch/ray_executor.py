@@ -177,6 +177,7 @@ class NodePool:
             "session_dir": ray._private.worker._global_node.get_session_dir_path(),
             "ray_env": sorted(k for k in os.environ if k.startswith("RAY")),
             "uid_base": self.pool.uid_base,
+            "cache": str(self.cache),
         }
 
     def sandbox_leftovers(self) -> dict:
