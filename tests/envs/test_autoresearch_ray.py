@@ -10,6 +10,7 @@ script against the local pool's statuses, and what the rlimits level exposes.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import socket
 import sys
@@ -89,6 +90,26 @@ def test_executor_fields_are_validated_by_name():
     validate_suite_executor({})  # missing fields are the defaults (local)
     with pytest.raises(ConfigError, match=r"config\.suite\.executor"):
         make_executor(executor="ray ")
+
+
+def test_trainer_config_validation_names_the_executor_fields():
+    import importlib.util
+
+    from wmrl.rl.config import validate_autoresearch_config
+
+    spec = importlib.util.spec_from_file_location("tiny", "configs/autoresearch_tiny.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    config = mod.get_config()
+    assert (config.suite.executor, config.suite.ray_address) == ("local", "auto")
+    assert config.suite.allow_mixed_isolation is False
+    validate_autoresearch_config(config)
+    config.suite.executor = "kubernetes"
+    with pytest.raises(ConfigError, match=r"config\.suite\.executor"):
+        validate_autoresearch_config(config)
+    config.suite.executor, config.suite.ray_address = "ray", "head"
+    with pytest.raises(ConfigError, match=r"config\.suite\.ray_address"):
+        validate_autoresearch_config(config)
 
 
 def test_missing_ray_extra_names_it(monkeypatch):
@@ -181,17 +202,24 @@ def attack_script(surfaces: list[dict]) -> str:
         {p for s in surfaces for p in (s["plasma_socket"], s["raylet_socket"]) if p}
         | {s["session_dir"] for s in surfaces}
     )
+    writable = sorted(
+        {s["session_dir"] for s in surfaces}
+        | {f"{s['session_dir']}/runtime_resources/py_modules_files" for s in surfaces}
+    )
     return dedent(f"""
         import os, socket
         print("env", sorted(k for k in os.environ if "RAY" in k.upper()))
         print("env values", [k for k, v in os.environ.items() if "/tmp/ray" in v])
         for host in {hosts!r}:
             for port in {ports!r}:
+                s = socket.socket()  # no name lookup (rlimits as root cannot import idna)
+                s.settimeout(0.3)
                 try:
-                    socket.create_connection((host, port), timeout=0.3).close()
+                    s.connect((host, port))
                     print("connected", host, port)
                 except OSError:
                     pass
+                s.close()
         for path in {paths!r}:
             print("exists" if os.path.exists(path) else "absent", path)
             s = socket.socket(socket.AF_UNIX)
@@ -201,6 +229,13 @@ def attack_script(surfaces: list[dict]) -> str:
             except OSError:
                 pass
         print("tmp/ray", os.path.exists("/tmp/ray"))
+        for d in {writable!r}:  # Ray makes its session dirs world-writable
+            try:
+                with open(os.path.join(d, "wmrl-sandbox-probe"), "w") as f:
+                    f.write("x")
+                print("wrote", d)
+            except OSError:
+                pass
         for pid in {pids!r}:
             try:
                 os.kill(pid, 0)
@@ -236,7 +271,7 @@ def test_sandboxed_script_reaches_neither_ray_nor_its_actor(ray_pool, task, clus
         assert "done" in out, r
         assert "env []" in out and "env values []" in out
         assert "connected" not in out  # neither TCP nor unix sockets
-        assert "exists" not in out and "tmp/ray False" in out
+        assert "exists" not in out and "tmp/ray False" in out and "wrote" not in out
         assert "reached" not in out.replace("unreached", "")
         assert out.count("unreached") == len(
             {p for s in surfaces for p in (s["pid"], s["template_pid"])}
@@ -406,6 +441,12 @@ def test_what_the_rlimits_level_exposes_on_a_ray_node(cluster, task):
         by_level = {f.result().isolation.partition("+")[0]: f.result() for f in futs}
         assert set(by_level) == {"namespaces", "rlimits"}
         strong, weak = by_level["namespaces"].stdout_tail, by_level["rlimits"].stdout_tail
+        assert "unix-connected" not in weak or os.geteuid() != 0
+        assert "wrote" in weak  # it can plant files in Ray's session dir and runtime caches
+        for s in surfaces:
+            for d in (s["session_dir"], f"{s['session_dir']}/runtime_resources/py_modules_files"):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(d, "wmrl-sandbox-probe"))
         assert "connected" not in strong
         assert "env []" in weak and "env values []" in weak  # the environment is scrubbed
         assert "connected" in weak  # the node's Ray ports answer: no network namespace

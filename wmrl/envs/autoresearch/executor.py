@@ -113,7 +113,8 @@ def make_executor(
 
     ``suite`` is a config section with (some of) ``executor``, ``workers``, ``ray_address``,
     ``allow_mixed_isolation``, ``time_limit_s`` (``config.suite``); keyword arguments override
-    it. ``workers`` is slots per host (local) or per node (ray); ``pool_kwargs`` go to every
+    it (``time_limit_cap_s=0``: the tasks' own limits, whatever ``suite.time_limit_s`` says).
+    ``workers`` is slots per host (local) or per node (ray); ``pool_kwargs`` go to every
     ``SandboxPool`` (isolation, prefork, workroot, limit overrides).
     """
     name = executor if executor is not None else _get(suite, "executor", "local")
@@ -125,7 +126,8 @@ def make_executor(
         else _get(suite, "allow_mixed_isolation", False)
     )
     if time_limit_cap_s is None:
-        time_limit_cap_s = _get(suite, "time_limit_s", 0.0) or None
+        time_limit_cap_s = _get(suite, "time_limit_s", 0.0)
+    time_limit_cap_s = time_limit_cap_s or None  # 0 = the tasks' own limits
     validate_suite_executor(
         {"executor": name, "ray_address": address, "allow_mixed_isolation": mixed}
     )
