@@ -118,7 +118,7 @@ def test_missing_ray_extra_names_it(monkeypatch):
         make_executor(executor="ray", ray_address="auto")
 
 
-def test_unreachable_ray_address_fails_within_bounded_time():
+def test_unreachable_ray_address_fails_within_bounded_time(monkeypatch):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -130,6 +130,11 @@ def test_unreachable_ray_address_fails_within_bounded_time():
         assert time.monotonic() - t0 < 15.0
         assert address in str(e.value)
         assert not ray.is_initialized()
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")  # "auto" finds a cluster gone
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"suite\.ray_address='auto'.*nothing answers"):
+        make_executor(executor="ray", ray_address="auto", workers=1)
+    assert time.monotonic() - t0 < 15.0 and not ray.is_initialized()
 
 
 def test_task_data_key_is_content_addressed(task, tmp_path):

@@ -219,14 +219,28 @@ class _Node:
     alive: bool = True
 
 
-def _probe(address: str, timeout_s: float) -> None:
+def _auto_address() -> str:
+    """What ``ray.init("auto")`` would connect to: ``RAY_ADDRESS``, else the latest cluster
+    ``ray start`` recorded on this machine ('' if none)."""
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env not in ("auto", "local"):
+        return env
+    try:
+        with open(os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _probe(address: str, timeout_s: float, shown: str | None = None) -> None:
+    shown = address if shown is None else shown
     hostport = address[len("ray://") :] if address.startswith("ray://") else address
     host, _, port = hostport.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
         raise ConnectionError(
-            f"suite.ray_address={address!r}: nothing answers at {host}:{port} within "
+            f"suite.ray_address={shown!r}: nothing answers at {host}:{port} within "
             f"{timeout_s:.0f} s ({e}); start a cluster there (`ray start --head`, docs/ray.md) "
             "or use 'auto' on a cluster node / 'local' for a cluster in this process"
         ) from e
@@ -240,6 +254,8 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, ship_code: bool 
         return False
     if address not in ("auto", "local"):
         _probe(address, timeout_s)
+    elif address == "auto" and _auto_address():  # a stale address of a cluster gone
+        _probe(_auto_address(), timeout_s, shown=address)
     kwargs = {"include_dashboard": False} if address == "local" else {}
     if ship_code:
         kwargs["runtime_env"] = {"py_modules": [_wmrl_dir()], "excludes": ["__pycache__"]}
