@@ -92,7 +92,7 @@ def test_executor_fields_are_validated_by_name():
         make_executor(executor="ray ")
 
 
-def test_trainer_config_validation_names_the_executor_fields():
+def test_trainer_config_validation_names_the_executor_fields(tmp_path):
     import importlib.util
 
     from wmrl.rl.config import validate_autoresearch_config
@@ -110,6 +110,18 @@ def test_trainer_config_validation_names_the_executor_fields():
     config.suite.executor, config.suite.ray_address = "ray", "head"
     with pytest.raises(ConfigError, match=r"config\.suite\.ray_address"):
         validate_autoresearch_config(config)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    config.suite.ray_address = f"ray://127.0.0.1:{port}"  # a run: refused before any write
+    from wmrl.rl.experiment import run
+
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"config\.suite\.ray_address.*nothing answers"):
+        run(config, tmp_path / "wd", progress=False)
+    assert time.monotonic() - t0 < 15.0
+    assert not (tmp_path / "wd").exists()
 
 
 def test_missing_ray_extra_names_it(monkeypatch):

@@ -157,7 +157,7 @@ def validate_autoresearch_config(config) -> None:
         )
     from wmrl.envs.autoresearch.executor import validate_suite_executor
 
-    validate_suite_executor(config.suite)  # suite.executor, ray_address, allow_mixed_isolation
+    validate_suite_executor(config.suite, reachable=True)  # executor, ray_address, mixed isolation
     storage.require_local(config.get("data_dir", ""), "data_dir")
     storage.require_local(config.suite.dir, "suite.dir")
     if config.suite.dir:

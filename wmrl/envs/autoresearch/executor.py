@@ -17,6 +17,10 @@ docs/ray.md. Both offer the same API: ``submit``, ``submit_batch``, ``as_complet
 from __future__ import annotations
 
 import concurrent.futures as cf
+import importlib.util
+import os
+import socket
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
@@ -24,6 +28,7 @@ from wmrl.config_errors import ConfigError
 
 EXECUTORS = ("local", "ray")
 RAY_EXTRA = "pip install -r requirements-ray.txt"
+CONNECT_TIMEOUT_S = 10.0  # a Ray address must answer within this
 
 
 @runtime_checkable
@@ -74,9 +79,12 @@ def validate_ray_address(address, field: str = "config.suite.ray_address") -> st
     return address
 
 
-def validate_suite_executor(suite, prefix: str = "config.suite") -> None:
+def validate_suite_executor(suite, prefix: str = "config.suite", reachable: bool = False) -> None:
     """Field checks for ``suite.executor``, ``suite.ray_address``, ``suite.allow_mixed_isolation``
-    (cheap: nothing is imported or contacted). Missing fields mean the defaults."""
+    (nothing is imported or contacted). Missing fields mean the defaults. With ``reachable``
+    (a run about to start), executor=ray also checks that the extra is installed and that the
+    address answers (at most ``CONNECT_TIMEOUT_S``), so a bad one fails before anything is
+    written."""
     name = _get(suite, "executor", "local")
     if name not in EXECUTORS:
         raise ConfigError(f"{prefix}.executor", f"unknown executor {name!r}; one of {EXECUTORS}")
@@ -84,7 +92,45 @@ def validate_suite_executor(suite, prefix: str = "config.suite") -> None:
     if not isinstance(mixed, bool):
         raise ConfigError(f"{prefix}.allow_mixed_isolation", f"must be a bool, got {mixed!r}")
     if name == "ray":
-        validate_ray_address(_get(suite, "ray_address", "auto"), f"{prefix}.ray_address")
+        address = validate_ray_address(_get(suite, "ray_address", "auto"), f"{prefix}.ray_address")
+        if reachable and importlib.util.find_spec("ray") is None:
+            try:
+                require_ray()
+            except ImportError as e:
+                raise ConfigError(f"{prefix}.executor", str(e)) from e
+        if reachable and address != "local" and (address != "auto" or auto_address()):
+            try:
+                probe(auto_address() if address == "auto" else address, shown=address)
+            except ConnectionError as e:
+                raise ConfigError(f"{prefix}.ray_address", str(e)) from e
+
+
+def auto_address() -> str:
+    """What ``ray.init("auto")`` would connect to: ``RAY_ADDRESS``, else the latest cluster
+    ``ray start`` recorded on this machine ('' if none)."""
+    env = os.environ.get("RAY_ADDRESS", "")
+    if env and env not in ("auto", "local"):
+        return env
+    try:
+        with open(os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def probe(address: str, timeout_s: float = CONNECT_TIMEOUT_S, shown: str | None = None) -> None:
+    """Raise ConnectionError naming ``suite.ray_address`` unless a TCP connection opens."""
+    shown = address if shown is None else shown
+    hostport = address[len("ray://") :] if address.startswith("ray://") else address
+    host, _, port = hostport.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"suite.ray_address={shown!r}: nothing answers at {host}:{port} within "
+            f"{timeout_s:.0f} s ({e}); start a cluster there (`ray start --head`, docs/ray.md) "
+            "or use 'auto' on a cluster node / 'local' for a cluster in this process"
+        ) from e
 
 
 def require_ray():

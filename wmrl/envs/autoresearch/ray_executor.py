@@ -43,12 +43,11 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from wmrl.envs.autoresearch.executor import require_ray
+from wmrl.envs.autoresearch.executor import CONNECT_TIMEOUT_S, auto_address, probe, require_ray
 from wmrl.envs.autoresearch.grader import Status, reward
 from wmrl.envs.autoresearch.pool import ExecutionResult, InfrastructureError
 from wmrl.envs.autoresearch.task import Task, load_task
 
-CONNECT_TIMEOUT_S = 10.0  # an explicit address must answer within this
 START_TIMEOUT_S = 300.0  # every node's pool must be up within this
 TASK_FILES = ("task.json", "leaderboard.json", "public", "private")
 
@@ -219,33 +218,6 @@ class _Node:
     alive: bool = True
 
 
-def _auto_address() -> str:
-    """What ``ray.init("auto")`` would connect to: ``RAY_ADDRESS``, else the latest cluster
-    ``ray start`` recorded on this machine ('' if none)."""
-    env = os.environ.get("RAY_ADDRESS", "")
-    if env and env not in ("auto", "local"):
-        return env
-    try:
-        with open(os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _probe(address: str, timeout_s: float, shown: str | None = None) -> None:
-    shown = address if shown is None else shown
-    hostport = address[len("ray://") :] if address.startswith("ray://") else address
-    host, _, port = hostport.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise ConnectionError(
-            f"suite.ray_address={shown!r}: nothing answers at {host}:{port} within "
-            f"{timeout_s:.0f} s ({e}); start a cluster there (`ray start --head`, docs/ray.md) "
-            "or use 'auto' on a cluster node / 'local' for a cluster in this process"
-        ) from e
-
-
 def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, ship_code: bool = True) -> bool:
     """Connect this process to Ray (unless it already is); True when this call did it. With
     ``ship_code`` the job's ``runtime_env`` carries this wmrl package to every worker."""
@@ -253,9 +225,9 @@ def connect(address: str, timeout_s: float = CONNECT_TIMEOUT_S, ship_code: bool 
     if ray.is_initialized():
         return False
     if address not in ("auto", "local"):
-        _probe(address, timeout_s)
-    elif address == "auto" and _auto_address():  # a stale address of a cluster gone
-        _probe(_auto_address(), timeout_s, shown=address)
+        probe(address, timeout_s)
+    elif address == "auto" and auto_address():  # a stale address of a cluster gone
+        probe(auto_address(), timeout_s, shown=address)
     kwargs = {"include_dashboard": False} if address == "local" else {}
     if ship_code:
         kwargs["runtime_env"] = {"py_modules": [_wmrl_dir()], "excludes": ["__pycache__"]}
