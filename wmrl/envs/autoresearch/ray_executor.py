@@ -459,10 +459,20 @@ class RayExecutor:
             node = max(free, key=lambda n: n.slots - n.busy)
             job = self._waiting.popleft()
             job.nodes.append(node.node_id)
+            try:
+                ref = node.actor.execute.remote(job.key, [self._blob(job.task)[1]], job.source)
+                done = ref.future()
+            except Exception as e:  # Ray itself failed us here: this node is of no use now
+                node.alive = False
+                job.errors.append(f"node {node.node_id[:12]}: {type(e).__name__}: {e}")
+                if len(job.errors) >= 2:
+                    self._resolve_ungraded(job, "; ".join(job.errors))
+                else:
+                    self._waiting.appendleft(job)
+                continue
             node.busy += 1
-            ref = node.actor.execute.remote(job.key, [self._blob(job.task)[1]], job.source)
             self._inflight[ref] = (job, node)
-            ref.future().add_done_callback(lambda f, ref=ref: self._events.put(("done", ref, f)))
+            done.add_done_callback(lambda f, ref=ref: self._events.put(("done", ref, f)))
 
     def _finished(self, ref, f: cf.Future) -> None:
         ray = self._ray
@@ -471,7 +481,8 @@ class RayExecutor:
         try:
             res = f.result()
         except ray.exceptions.RayTaskError as e:  # the actor's code failed for this call
-            job.errors.append(f"{node.node_id[:12]}: {type(e.cause).__name__}: {e.cause}")
+            cause = getattr(e, "cause", None) or e
+            job.errors.append(f"{node.node_id[:12]}: {type(cause).__name__}: {cause}")
         except Exception as e:  # the actor or its node is gone
             job.errors.append(f"node {node.node_id[:12]} lost: {type(e).__name__}")
             if node.alive:
