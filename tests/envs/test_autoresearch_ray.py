@@ -358,7 +358,7 @@ ADVERSARIAL = {
     ),
     "garbage": (bytes(range(256)) * 8, Status.MALFORMED),
 }
-FAST_ADVERSARIAL = ("fork_bomb", "memory_bomb", "read_labels", "raise_limits", "garbage")
+FAST_ADVERSARIAL = ("memory_bomb", "read_labels", "raise_limits", "daemon", "garbage")
 
 
 def _expected(status) -> tuple:
@@ -408,36 +408,6 @@ def test_every_adversarial_script_gets_the_local_pools_status_on_ray(ray_pool, t
     assert_nodes_clean(ray_pool)
 
 
-def test_node_removed_mid_batch_completes_elsewhere(cluster, task):
-    extra = cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    slow_good = "import time\ntime.sleep(2.0)\n" + GOOD_SCRIPT
-    with RayExecutor(1, address=cluster.address, **LIMITS) as pool:
-        assert pool.num_workers == 3
-        lost = extra.node_id
-        assert lost in pool.alive_nodes()
-        futs = pool.submit_batch([(task, slow_good)] * 6)
-        deadline = time.monotonic() + 60
-        while not any(pool.nodes_tried(f)[:1] == [lost] for f in futs):  # it has one running
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.5)  # inside the sandbox on that node now
-        cluster.remove_node(extra)
-        results = [f.result() for f in futs]
-        expected = good_script_score(task)
-        for f, r in zip(futs, results, strict=True):
-            assert r.status == Status.VALID and r.score == pytest.approx(expected), r
-            tried = pool.nodes_tried(f)
-            if tried[0] == lost:
-                assert len(tried) == 2 and tried[1] != lost and r.attempts == 2, (tried, r)
-            else:
-                assert lost not in tried and r.attempts == 1
-        assert sum(pool.nodes_tried(f)[0] == lost for f in futs) >= 1
-        assert lost not in pool.alive_nodes()
-        assert pool.free_slots() == 2  # the lost node's slot is gone
-        assert pool.run(task, GOOD_SCRIPT).status == Status.VALID
-
-
 def test_rlimits_node_is_refused_unless_mixed_isolation_is_allowed(cluster):
     t0 = time.monotonic()
     with pytest.raises(ValueError, match=r"suite\.allow_mixed_isolation.*rlimits"):
@@ -471,3 +441,32 @@ def test_what_the_rlimits_level_exposes_on_a_ray_node(cluster, task):
         if os.geteuid() == 0:  # a per-slot uid cannot signal the actor or its template
             assert "reached" not in weak.replace("unreached", "")
         assert pool.run(task, GOOD_SCRIPT).status == Status.VALID
+
+
+def test_node_removed_mid_batch_completes_elsewhere(cluster, ray_pool, task):
+    """Last in this module: it takes the module cluster's second node away for good."""
+    pool = ray_pool
+    (extra,) = [n for n in cluster.list_all_nodes() if n is not cluster.head_node]
+    lost = extra.node_id
+    assert lost in pool.alive_nodes() and pool.num_workers == 2
+    slow_good = "import time\ntime.sleep(2.0)\n" + GOOD_SCRIPT
+    futs = pool.submit_batch([(task, slow_good)] * 4)
+    deadline = time.monotonic() + 60
+    while not any(pool.nodes_tried(f)[:1] == [lost] for f in futs):  # it has one running
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the sandbox on that node now
+    cluster.remove_node(extra)
+    results = [f.result() for f in futs]
+    expected = good_script_score(task)
+    for f, r in zip(futs, results, strict=True):
+        assert r.status == Status.VALID and r.score == pytest.approx(expected), r
+        tried = pool.nodes_tried(f)
+        if tried[0] == lost:
+            assert len(tried) == 2 and tried[1] != lost and r.attempts == 2, (tried, r)
+        else:
+            assert lost not in tried and r.attempts == 1
+    assert sum(pool.nodes_tried(f)[0] == lost for f in futs) >= 1
+    assert lost not in pool.alive_nodes()
+    assert pool.free_slots() == 1  # the lost node's slot is gone
+    assert pool.run(task, GOOD_SCRIPT).status == Status.VALID
