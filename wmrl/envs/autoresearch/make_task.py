@@ -231,21 +231,21 @@ def main(argv) -> None:
         raise app.UsageError(f"CSV file {FLAGS.csv} does not exist")
     from wmrl.envs.autoresearch.executor import make_executor
 
-    out = write_task(
-        pd.read_csv(FLAGS.csv),
-        FLAGS.out,
-        task_id=FLAGS.id or Path(FLAGS.out).name,
-        target=FLAGS.target,
-        metric=FLAGS.metric,
-        test_fraction=FLAGS.test_fraction,
-        time_limit_s=FLAGS.time_limit,
-        memory_mb=FLAGS.memory_mb,
-        provenance={"source": os.path.basename(FLAGS.csv), "licence": "as the input CSV"},
-    )
-    pool = make_executor(
+    pool = make_executor(  # first: a bad --ray_address fails before anything is written
         executor=FLAGS.executor, workers=FLAGS.workers, ray_address=FLAGS.ray_address
     )
     with pool:
+        out = write_task(
+            pd.read_csv(FLAGS.csv),
+            FLAGS.out,
+            task_id=FLAGS.id or Path(FLAGS.out).name,
+            target=FLAGS.target,
+            metric=FLAGS.metric,
+            test_fraction=FLAGS.test_fraction,
+            time_limit_s=FLAGS.time_limit,
+            memory_mb=FLAGS.memory_mb,
+            provenance={"source": os.path.basename(FLAGS.csv), "licence": "as the input CSV"},
+        )
         board = build_leaderboard(out, pool)
     print(json.dumps({"task": str(out), "leaderboard": board["scores"]}))
 
