@@ -44,7 +44,11 @@ def get_config() -> ml_collections.ConfigDict:
         "breast-cancer-missing", "wine-noisy-labels", "diabetes-mae", "moons", "circles-auc",
         "heldout-categorical-missing", "heldout-gaussian-quantiles", "heldout-imbalanced-missing",
     )  # fmt: skip
-    c.suite.workers = 2  # sandbox slots (same for every mode)
+    c.suite.workers = 2  # sandbox slots (same for every mode); per node with executor=ray
+    # Where sandboxes run (docs/ray.md): "local" (this host) | "ray" (one pool per Ray node).
+    c.suite.executor = "local"
+    c.suite.ray_address = "auto"  # "auto" | "local" (start one here) | "ray://host:port"
+    c.suite.allow_mixed_isolation = False  # executor=ray: accept nodes at the rlimits level
     c.suite.time_limit_s = 20.0  # caps each task's own limit (0 = the task's)
 
     c.data = ml_collections.ConfigDict()

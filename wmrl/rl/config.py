@@ -155,6 +155,9 @@ def validate_autoresearch_config(config) -> None:
             "config.rl.num_micro_batches",
             f"must be a positive divisor of the {rows} trajectories per step, got {micro!r}",
         )
+    from wmrl.envs.autoresearch.executor import validate_suite_executor
+
+    validate_suite_executor(config.suite, reachable=True)  # executor, ray_address, mixed isolation
     storage.require_local(config.get("data_dir", ""), "data_dir")
     storage.require_local(config.suite.dir, "suite.dir")
     if config.suite.dir:

@@ -202,7 +202,7 @@ def run(
     config, workdir: str | os.PathLike, write_outputs: bool = True, progress: bool = True
 ) -> dict:
     """Run (or resume) the whole pipeline; returns the summary."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.envs.autoresearch.executor import make_executor
     from wmrl.rl.checkpoint import Checkpointer
     from wmrl.rl.trainer import Trainer
 
@@ -215,7 +215,7 @@ def run(
 
     log = _Log(workdir, write_outputs)
     ckpt = Checkpointer(workdir, config.rl.keep_checkpoints)
-    pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s or None)
+    pool = make_executor(config.suite)  # suite.executor: this host's pool or one per Ray node
     trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, workdir)
     try:
         st = trainer.initial_state(policy_params, wm_params)

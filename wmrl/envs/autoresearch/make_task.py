@@ -1,7 +1,8 @@
 """Build a task directory from any CSV: split, card, hidden labels, leaderboard.
 
     python -m wmrl.envs.autoresearch.make_task --csv=FILE --target=COL --metric=M \\
-        --out=DIR [--test-fraction=0.25] [--time-limit=60] [--memory-mb=2048]
+        --out=DIR [--test-fraction=0.25] [--time-limit=60] [--memory-mb=2048] \\
+        [--executor=local|ray] [--ray_address=auto|local|ray://host:port]
 
 The leaderboard is computed by running the fixed baseline pool
 (``author.baseline_specs``) through the sandbox, so a task's percentiles are
@@ -217,6 +218,8 @@ def _define_flags() -> None:
     flags.DEFINE_float("time_limit", 60.0, "wall-clock seconds per execution")
     flags.DEFINE_integer("memory_mb", 2048, "memory budget per execution")
     flags.DEFINE_integer("workers", None, "sandbox slots for the baselines (default: cores)")
+    flags.DEFINE_enum("executor", "local", ["local", "ray"], "where the baselines run")
+    flags.DEFINE_string("ray_address", "auto", "executor=ray: auto | local | ray://host:port")
 
 
 def main(argv) -> None:
@@ -226,20 +229,23 @@ def main(argv) -> None:
             raise app.UsageError(f"--{name} is required")
     if not os.path.isfile(FLAGS.csv):
         raise app.UsageError(f"CSV file {FLAGS.csv} does not exist")
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.envs.autoresearch.executor import make_executor
 
-    out = write_task(
-        pd.read_csv(FLAGS.csv),
-        FLAGS.out,
-        task_id=FLAGS.id or Path(FLAGS.out).name,
-        target=FLAGS.target,
-        metric=FLAGS.metric,
-        test_fraction=FLAGS.test_fraction,
-        time_limit_s=FLAGS.time_limit,
-        memory_mb=FLAGS.memory_mb,
-        provenance={"source": os.path.basename(FLAGS.csv), "licence": "as the input CSV"},
+    pool = make_executor(  # first: a bad --ray_address fails before anything is written
+        executor=FLAGS.executor, workers=FLAGS.workers, ray_address=FLAGS.ray_address
     )
-    with SandboxPool(FLAGS.workers) as pool:
+    with pool:
+        out = write_task(
+            pd.read_csv(FLAGS.csv),
+            FLAGS.out,
+            task_id=FLAGS.id or Path(FLAGS.out).name,
+            target=FLAGS.target,
+            metric=FLAGS.metric,
+            test_fraction=FLAGS.test_fraction,
+            time_limit_s=FLAGS.time_limit,
+            memory_mb=FLAGS.memory_mb,
+            provenance={"source": os.path.basename(FLAGS.csv), "licence": "as the input CSV"},
+        )
         board = build_leaderboard(out, pool)
     print(json.dumps({"task": str(out), "leaderboard": board["scores"]}))
 
