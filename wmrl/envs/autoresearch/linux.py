@@ -54,6 +54,11 @@ def _system_binds() -> list[str]:
     for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
         paths.append(os.path.realpath(p))
     paths.append(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    # Site directories outside the prefixes (a .pth file's, a user site): a script's lazy
+    # imports read them. Other sys.path entries (the checkout, the cwd) stay out of view.
+    for p in sys.path:
+        if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p):
+            paths.append(os.path.realpath(p))
     out: list[str] = []
     for p in sorted(set(paths), key=len):
         if os.path.lexists(p) and not any(p == q or p.startswith(q + "/") for q in out):

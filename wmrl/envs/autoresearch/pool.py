@@ -66,6 +66,104 @@ class InfrastructureError(RuntimeError):
     """The sandbox machinery failed; not the script's fault."""
 
 
+class SandboxStartupError(RuntimeError):
+    """The pool's start-up check failed: every execution would be mis-graded, so none run."""
+
+
+# The start-up check: what a solution does (pandas on the data, scikit-learn on a DataFrame,
+# numpy), plus reads a library never imported by the template, as any solution's lazy import
+# (e.g. scikit-learn's DataFrame interchange code) does. Prints the marker only if all of it
+# works as the sandbox uid, in the sandbox's own view of the file system.
+CANARY = """
+import importlib, os, sys
+import numpy as np
+import pandas as pd
+import scipy
+import sklearn
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+for module in (os, importlib, np, pd, scipy, sklearn):
+    with open(module.__file__, "rb") as f:
+        f.read(1)
+for name in ("colorsys", "wave", "tomllib", "graphlib", "zipapp"):
+    if name not in sys.modules:
+        importlib.import_module(name)
+        break
+d = os.environ["DATA_DIR"]
+train = pd.read_csv(os.path.join(d, "train.csv"))
+test = pd.read_csv(os.path.join(d, "test.csv"))
+X, y = train[["a", "b"]], train["y"]
+model = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+RandomForestClassifier(n_estimators=3, random_state=0).fit(X, y)
+pred = model.predict(test[["a", "b"]])
+pd.DataFrame({"id": test["id"], "y": pred}).to_csv(os.environ["SUBMISSION_PATH"], index=False)
+print("wmrl-canary-ok", float(np.mean(pred)))
+"""
+
+
+def _canary_task(root: Path) -> Task:
+    """A 40-row task (y = a > 0), written here rather than by make_task (no leaderboard)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"id": np.arange(40), "a": rng.normal(size=40), "b": rng.normal(size=40)})
+    df["y"] = (df["a"] > 0).astype(int)
+    (root / "public").mkdir(parents=True)
+    (root / "private").mkdir(mode=0o700)
+    df[:30].to_csv(root / "public" / "train.csv", index=False)
+    df[30:].drop(columns=["y"]).to_csv(root / "public" / "test.csv", index=False)
+    df[30:][["id", "y"]].to_csv(root / "private" / "test_labels.csv", index=False)
+    (root / "public" / "description.md").write_text("start-up check\n")
+    return Task(
+        root=root,
+        id="canary",
+        type="classification",
+        metric_name="accuracy",
+        target="y",
+        id_column="id",
+        time_limit_s=60.0,
+        memory_mb=1024,
+        provenance={},
+        split="train",
+        reference_scores=(0.5,),
+    )
+
+
+def unreachable_paths(paths: Iterable[str]) -> list[str]:
+    """The directories on these paths that a uid other than their owner cannot traverse.
+
+    Sandbox uids are in no group and own nothing on the host, so only the "other"
+    permission bits count. Every blocking directory is named (each one needs fixing).
+    """
+    found = set()
+    for path in paths:
+        p = Path(os.path.realpath(path))
+        for d in [p, *p.parents] if p.is_dir() else list(p.parents):
+            with contextlib.suppress(OSError):
+                mode = d.stat().st_mode
+                if not mode & 0o001:
+                    found.add(f"{d} (mode {mode & 0o777:04o})")
+    return sorted(found)
+
+
+def _installation_paths() -> list[str]:
+    """Where a script's imports come from: the interpreter, stdlib and site-packages."""
+    import sysconfig
+
+    import numpy
+    import pandas
+    import sklearn
+
+    paths = [sys.executable, sys.prefix, sys.base_prefix]
+    paths += [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    paths += [os.path.dirname(m.__file__) for m in (numpy, pandas, sklearn)]
+    return [p for p in paths if p and os.path.exists(p)]
+
+
 class _TemplateProcess:
     """The forkserver child and a reader thread that wakes waiting jobs."""
 
@@ -153,6 +251,11 @@ class SandboxPool:
         limits apply unless overridden here.
       time_limit_cap_s: caps every task's own time limit (e.g. a quick experiment on a
         suite whose tasks allow minutes); None keeps the tasks' limits.
+      startup_check: run the canary script (``CANARY``) once through the sandbox before
+        accepting work and raise ``SandboxStartupError`` (naming the paths the sandbox uid
+        cannot reach) if it fails: otherwise every script of a broken setup would score
+        RUNTIME_ERROR and RL would train on garbage. Turn it off only to test the isolation
+        of a setup known to fail it.
     """
 
     def __init__(
@@ -162,6 +265,7 @@ class SandboxPool:
         prefork: bool = True,
         workroot: str | None = None,
         time_limit_cap_s: float | None = None,
+        startup_check: bool = True,
         **limit_overrides,
     ):
         self.num_workers = num_workers or os.cpu_count() or 1
@@ -194,6 +298,42 @@ class SandboxPool:
         self._executor = cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix="sandbox")
         self._pending = 0
         self._pending_lock = threading.Lock()
+        if startup_check:
+            try:
+                self._startup_check()
+            except BaseException:
+                self.close()
+                raise
+
+    def _startup_check(self) -> None:
+        """Run ``CANARY`` for real; raise SandboxStartupError naming what is unreachable."""
+        canary_root = Path(tempfile.mkdtemp(prefix="wmrl-canary-"))
+        try:
+            os.chmod(canary_root, 0o755)
+            task = _canary_task(canary_root / "canary")
+            # Its own limits: a tight time_limit_cap_s must not fail a loaded machine's check.
+            limits = dataclasses.replace(self._limits(task), time_limit_s=120.0)
+            r = self._execute(task, CANARY.encode(), limits)
+        finally:
+            shutil.rmtree(canary_root, ignore_errors=True)
+        if r.status == Status.VALID and "wmrl-canary-ok" in r.stdout_tail:
+            return
+        msg = (
+            f"sandbox start-up check failed ({self.isolation}): the canary script scored "
+            f"{r.status.name} ({r.detail}); every execution would be mis-graded."
+        )
+        blocked = unreachable_paths(_installation_paths()) if self._level == "rlimits" else []
+        if blocked and os.geteuid() == 0:
+            msg += (
+                " The sandbox runs as an unprivileged uid that cannot traverse "
+                + ", ".join(blocked)
+                + " on the way to the Python installation (interpreter, stdlib or "
+                "site-packages). Put the checkout, its virtualenv and the Python they use "
+                "under world-traversable directories (chmod o+x), or use the namespaces "
+                "isolation (root with CAP_SYS_ADMIN), which mounts the installation into "
+                "the sandbox's own view."
+            )
+        raise SandboxStartupError(msg + "\nstderr of the canary:\n" + r.stderr_tail[-1500:])
 
     # -- public API ----------------------------------------------------------
 
@@ -256,7 +396,7 @@ class SandboxPool:
                 self._template = _TemplateProcess(preimport=self.prefork)
             return self._template
 
-    def _execute(self, task: Task, source: bytes) -> ExecutionResult:
+    def _execute(self, task: Task, source: bytes, limits: Limits | None = None) -> ExecutionResult:
         t0 = time.monotonic()
         problem = check_script(source)
         if problem is not None:
@@ -275,7 +415,8 @@ class SandboxPool:
         last_error = ""
         for attempt in (1, 2):
             try:
-                return dataclasses.replace(self._attempt(task, source), attempts=attempt)
+                result = self._attempt(task, source, limits or self._limits(task))
+                return dataclasses.replace(result, attempts=attempt)
             except Exception as e:  # infrastructure: retry once, then UNGRADED
                 last_error = f"{type(e).__name__}: {e}"
         return ExecutionResult(
@@ -292,8 +433,7 @@ class SandboxPool:
             attempts=2,
         )
 
-    def _attempt(self, task: Task, source: bytes) -> ExecutionResult:
-        limits = self._limits(task)
+    def _attempt(self, task: Task, source: bytes, limits: Limits) -> ExecutionResult:
         slot = self._slots.get()
         workdir = job = None
         reported = False

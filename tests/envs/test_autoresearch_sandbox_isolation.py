@@ -1,0 +1,119 @@
+"""Sandbox attacks of the second review round (issue 19), each run for real through a pool.
+
+Each test plays the attack as a sandboxed script and checks the outcome the fix guarantees;
+the shared checks (no process left under a sandbox uid) come from test_autoresearch_sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
+
+from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.pool import SandboxPool, SandboxStartupError
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
+REPO = Path(__file__).resolve().parents[2]
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-slot uids need root")
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return make_tiny_task(tmp_path_factory.mktemp("tasks") / "tiny", time_limit_s=5.0)
+
+
+def blocked_for_others(path: str) -> list[str]:
+    """Directories on `path` that a uid which is not their owner (and in no group) cannot
+    traverse: computed here from the mode bits, independently of the pool's own check."""
+    p = Path(os.path.realpath(path))
+    return [str(d) for d in [*p.parents, p] if d.is_dir() and not d.stat().st_mode & 0o001]
+
+
+# -- item 8: a checkout (and its virtualenv) in a directory only root can enter --------------
+
+
+@as_root
+def test_startup_check_names_what_the_sandbox_uid_cannot_reach(task):
+    """The rlimits fallback runs scripts as an unprivileged uid: where that uid cannot reach
+    this interpreter (a 0700 /root holding pyenv, a 0700 checkout) the pool must refuse to
+    start, naming the directory, instead of grading every script RUNTIME_ERROR."""
+    import numpy
+
+    paths = [sys.executable, sys.prefix, sys.base_prefix, os.__file__, numpy.__file__]
+    blocked = sorted({b for p in paths for b in blocked_for_others(p)})
+    if blocked:
+        with pytest.raises(SandboxStartupError) as err:
+            SandboxPool(num_workers=1, isolation="rlimits")
+        for b in blocked:
+            assert b in str(err.value)
+        assert "Permission denied" in str(err.value)  # the canary's own traceback
+    else:  # reachable: the fallback starts and a solution's lazy imports work
+        with SandboxPool(num_workers=1, isolation="rlimits") as p:
+            r = p.run(task, GOOD_SCRIPT + "import wave, colorsys\n")
+            assert r.status == Status.VALID, r
+            assert r.score == pytest.approx(good_script_score(task))
+
+
+REPRO = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from autoresearch_fixtures import GOOD_SCRIPT, make_tiny_task
+from wmrl.envs.autoresearch import sandbox
+from wmrl.envs.autoresearch.pool import SandboxPool, SandboxStartupError
+
+out = {{"prefix": sys.prefix}}
+try:
+    SandboxPool(1, isolation="rlimits").close()
+    out["rlimits"] = "started"
+except SandboxStartupError as e:
+    out["rlimits"] = str(e)
+if sandbox.detect_isolation().startswith("namespaces"):
+    task = make_tiny_task(Path({task_dir!r}))
+    with SandboxPool(1) as p:
+        r = p.run(task, GOOD_SCRIPT + "import wave, colorsys\\n")
+        out["namespaces"] = [r.status.name, r.score, r.stderr_tail[-500:]]
+print(json.dumps(out))
+"""
+
+
+@as_root
+def test_a_virtualenv_inside_a_0700_directory(tmp_path, task):
+    """What CI does (`d=$(mktemp -d)`, clone, `.venv` inside): a virtualenv in a directory
+    only root may enter. The namespaces sandbox mounts the installation into its own view, so
+    honest scripts (scikit-learn on a DataFrame, lazy imports) score exactly as anywhere; the
+    rlimits fallback cannot reach it and refuses, naming the directory."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    venv = private / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # This interpreter's libraries, through a .pth file (as --system-site-packages would).
+    (pth_dir,) = venv.glob("lib/python3*/site-packages")
+    (pth_dir / "wmrl_test.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    code = REPRO.format(tests=str(Path(__file__).parent), task_dir=str(tmp_path / "t" / "tiny"))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["prefix"] == str(venv)
+    assert str(private) in out["rlimits"] and "mode 0700" in out["rlimits"], out["rlimits"]
+    if "namespaces" in out:
+        status, score, stderr = out["namespaces"]
+        assert status == "VALID", stderr
+        expected = good_script_score(make_tiny_task(tmp_path / "again" / "tiny"))
+        assert score == pytest.approx(expected)
