@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
 
+from wmrl.envs.autoresearch import sandbox
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.pool import SandboxPool, SandboxStartupError
 
@@ -117,3 +118,73 @@ def test_a_virtualenv_inside_a_0700_directory(tmp_path, task):
         assert status == "VALID", stderr
         expected = good_script_score(make_tiny_task(tmp_path / "again" / "tiny"))
         assert score == pytest.approx(expected)
+
+
+# -- item 1: the trainer's environment must not reach a prefork execution ------------------
+
+STACK_READER = r"""
+import ctypes, os, re
+ENV_STRING = re.compile(rb"(?<=\x00)([A-Z_][A-Z0-9_]{1,63})=")
+
+def names(blob):
+    return {m.group(1).decode() for m in ENV_STRING.finditer(b"\x00" + blob)}
+
+seen = {"os.environ": set(os.environ)}
+try:  # the kernel's copy of the original environment block (root-owned once non-dumpable)
+    seen["environ"] = names(open("/proc/self/environ", "rb").read())
+except OSError as e:
+    print("environ-denied", e.errno)
+# The stack, read back as the issue's attacker did: process_vm_readv on itself.
+line = next(l for l in open("/proc/self/maps") if l.rstrip().endswith("[stack]"))
+lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.process_vm_readv.restype = ctypes.c_ssize_t
+buf = ctypes.create_string_buffer(hi - lo)
+local, remote = iovec(ctypes.cast(buf, ctypes.c_void_p), hi - lo), iovec(lo, hi - lo)
+got = libc.process_vm_readv(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+seen["stack"] = names(buf.raw[: max(got, 0)])
+try:  # and through /proc/self/mem
+    with open("/proc/self/mem", "rb") as f:
+        f.seek(lo)
+        seen["mem"] = names(f.read(hi - lo))
+except OSError as e:
+    seen["mem"] = set()
+    print("mem-denied", e.errno)
+print("stack-bytes", got)
+for where, found in seen.items():
+    print(where, " ".join(sorted(found)))
+"""
+
+
+def test_no_trainer_environment_reaches_a_prefork_script(task, monkeypatch):
+    """A secret in the trainer's environment when the pool starts: the script finds it
+    neither in /proc/self/environ nor anywhere on its stack (the template's original
+    environment block, which clearing os.environ leaves in place)."""
+    name = "WMRL_SECRET_" + os.urandom(6).hex().upper()
+    value = os.urandom(12).hex()
+    monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", value)
+    with SandboxPool(num_workers=1) as p:
+        r = p.run(task, STACK_READER)
+        template_threads = os.listdir(f"/proc/{p._template.proc.pid}/task")
+    assert r.status == Status.NO_SUBMISSION, r
+    out = dict(line.split(" ", 1) for line in r.stdout_tail.splitlines() if " " in line)
+    assert int(out["stack-bytes"]) > 4096, r.stdout_tail  # the stack really was read
+    stack = set(out["stack"].split())
+    environ = set(out["os.environ"].split())
+    # Positive control: the template's own (allowlisted) environment block is on the stack.
+    assert "PATH" in stack and "OMP_NUM_THREADS" in stack, r.stdout_tail
+    script_only = {"TMPDIR", "DATA_DIR", "SUBMISSION_PATH"}
+    allowed = set(sandbox.base_env()) | {"HOME", "PYTHONPATH"} | script_only
+    for where in ("stack", "environ", "mem", "os.environ"):
+        found = set(out.get(where, "").split())
+        assert name not in found and "AWS_SECRET_ACCESS_KEY" not in found, where
+        assert found <= allowed, f"{where}: not allowlisted {sorted(found - allowed)}"
+    assert environ == set(sandbox.base_env()) | {"HOME"} | script_only
+    assert value not in r.stdout_tail and value not in r.stderr_tail
+    # item 13: the template owns one thread (no jemalloc background thread) when it forks.
+    assert len(template_threads) == 1, template_threads

@@ -167,10 +167,10 @@ def _installation_paths() -> list[str]:
 class _TemplateProcess:
     """The forkserver child and a reader thread that wakes waiting jobs."""
 
-    def __init__(self, preimport: bool):
+    def __init__(self, preimport: bool, home: str):
         repo_root = str(Path(__file__).resolve().parents[3])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+        # Nothing of the trainer's environment: every script is a fork of this process.
+        env = {**sandbox.base_env(), "HOME": home, "PYTHONPATH": repo_root}
         cmd = [sys.executable, "-m", "wmrl.envs.autoresearch.forkserver"]
         if not preimport:
             cmd.append("--no-preimport")
@@ -181,6 +181,13 @@ class _TemplateProcess:
         if not line:
             raise InfrastructureError("sandbox template process failed to start")
         hello = json.loads(line)
+        if hello.get("threads", 1) != 1:
+            self.close()
+            raise SandboxStartupError(
+                f"the sandbox template runs {hello['threads']} threads after its imports "
+                "(forking it would copy locks held by threads that do not exist in the "
+                "child); a library started a thread at import time"
+            )
         self.isolation: str = hello["isolation"]
         self.base_vm_mb: int = hello["base_vm_mb"]
         self._lock = threading.Lock()
@@ -275,7 +282,7 @@ class SandboxPool:
         self._workroot = tempfile.mkdtemp(prefix="wmrl-sandbox-", dir=workroot)
         os.chmod(self._workroot, 0o755)
         self._template_lock = threading.Lock()
-        self._template = _TemplateProcess(preimport=prefork)
+        self._template = _TemplateProcess(prefork, self._workroot)
         host_level, _, cgroup = self._template.isolation.partition("+")
         if isolation not in ("auto", host_level, "rlimits"):
             self.close()
@@ -393,7 +400,7 @@ class SandboxPool:
         with self._template_lock:
             if not self._template.alive():
                 self._template.close()
-                self._template = _TemplateProcess(preimport=self.prefork)
+                self._template = _TemplateProcess(self.prefork, self._workroot)
             return self._template
 
     def _execute(self, task: Task, source: bytes, limits: Limits | None = None) -> ExecutionResult:

@@ -169,20 +169,50 @@ def _vm_size_mb() -> int:
     return 0
 
 
+# Thread caps (each slot owns one core; forking live BLAS threads is unsafe) and the
+# template's single-threadedness: pyarrow's bundled jemalloc would otherwise start a
+# background thread as soon as pandas loads it.
+THREAD_CAPS = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
+}
+# Host settings passed through when set: some hosts need the BLAS core type forced.
+HOST_PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def base_env() -> dict[str, str]:
+    """The environment every sandbox process starts from, the template included.
+
+    Built from an explicit allowlist, nothing inherited: a prefork script is a fork of the
+    template, and the template's original environment strings stay on its stack (where a
+    script can read them back with process_vm_readv) whatever os.environ says later. The
+    hash seed is fixed (0) in every execution, prefork or fresh interpreter, so set and
+    dict iteration orders are reproducible.
+    """
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "TZ": "UTC",
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **THREAD_CAPS,
+    }
+    env.update({k: os.environ[k] for k in HOST_PASSTHROUGH if k in os.environ})
+    return env
+
+
 def _script_env(data_dir: str, work_dir: str) -> dict[str, str]:
     """The whole environment the script gets: nothing inherited from the host."""
     return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        **base_env(),
         "HOME": work_dir,
         "TMPDIR": os.path.join(work_dir, "tmp"),
-        "LANG": "C.UTF-8",
         "DATA_DIR": data_dir,
         "SUBMISSION_PATH": os.path.join(work_dir, "submission.csv"),
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0",
     }
 
 
