@@ -12,6 +12,8 @@ import site
 import stat
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,16 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-slot uids need root"
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
     return make_tiny_task(tmp_path_factory.mktemp("tasks") / "tiny", time_limit_s=5.0)
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    with SandboxPool(num_workers=2, disk_mb=64, fsize_mb=48, submission_mb=32) as p:
+        yield p
+
+
+def run(pool, task, body: str, **kw):
+    return pool.run(task, textwrap.dedent(body), **kw)
 
 
 def blocked_for_others(path: str) -> list[str]:
@@ -188,3 +200,30 @@ def test_no_trainer_environment_reaches_a_prefork_script(task, monkeypatch):
     assert value not in r.stdout_tail and value not in r.stderr_tail
     # item 13: the template owns one thread (no jemalloc background thread) when it forks.
     assert len(template_threads) == 1, template_threads
+
+
+# -- item 2: a submission that makes grading (in the trainer's process) slow or huge ---------
+
+
+def test_submission_headers_that_would_stall_the_grader(pool, task):
+    """The script writes a 100,000-column header, then a 16 MB one: INVALID_SUBMISSION in
+    a bounded time (the grader checks the header before parsing anything)."""
+    for header in (
+        '",".join(f"c{i}" for i in range(100_000)) + ",id,label"',
+        '"id,label," + "x" * (16 * 2**20)',
+    ):
+        t0 = time.monotonic()
+        r = run(
+            pool,
+            task,
+            f"""
+            import os
+            import pandas as pd
+            te = pd.read_csv(os.path.join(os.environ["DATA_DIR"], "test.csv"))
+            rows = "".join(f"{{i}},yes\\n" for i in te["id"])
+            with open(os.environ["SUBMISSION_PATH"], "w") as f:
+                f.write({header} + "\\n" + rows)
+            """,
+        )
+        assert r.status == Status.INVALID_SUBMISSION and "header" in r.detail, r
+        assert time.monotonic() - t0 - r.runtime_s < 3.0  # the grading part
