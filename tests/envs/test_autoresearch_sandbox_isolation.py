@@ -6,6 +6,7 @@ the shared checks (no process left under a sandbox uid) come from test_autoresea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import site
@@ -227,3 +228,67 @@ def test_submission_headers_that_would_stall_the_grader(pool, task):
         )
         assert r.status == Status.INVALID_SUBMISSION and "header" in r.detail, r
         assert time.monotonic() - t0 - r.runtime_s < 3.0  # the grading part
+
+
+# -- item 3: a script must not be able to make its own run UNGRADED --------------------------
+
+
+def test_a_job_cgroup_left_full_cannot_starve_the_supervisor(task):
+    """The script fills its job's memory cgroup with what outlives it (tmpfs inodes and
+    pages), writes an honest submission and exits 0. The supervisor, which reads and
+    reports the submission afterwards, must not be OOM-killed: the run is graded (never
+    retried as an infrastructure failure and returned UNGRADED)."""
+    attack = GOOD_SCRIPT + textwrap.dedent("""
+        import os
+        n = 0
+        try:
+            while True:  # empty files: inodes and dentries, charged to the job's memory
+                open(f"f{n}", "w").close()
+                n += 1
+        except OSError as e:
+            print("files", n, e.errno)
+        try:
+            with open("/dev/shm/fill", "wb") as f:
+                while True:
+                    f.write(b"x" * 2**20)
+        except OSError:
+            pass
+    """)
+    with SandboxPool(num_workers=1, memory_mb=64, disk_mb=32) as p:
+        r = p.run(task, attack)
+        if "+cgroup" not in p.isolation:
+            pytest.skip("no job cgroups on this host")
+    assert r.attempts == 1 and r.status != Status.UNGRADED, r
+    assert r.status == Status.VALID, r
+    assert r.score == pytest.approx(good_script_score(task))
+    assert "files" in r.stdout_tail  # it ran to the end: the inode cap stopped it, not OOM
+
+
+@as_root
+def test_only_the_scripts_processes_are_in_the_job_cgroup(pool, task):
+    """While a script runs, every process of its job cgroup runs as the sandbox uid."""
+    from wmrl.envs.autoresearch import cgroups
+
+    if "+cgroup" not in pool.isolation:
+        pytest.skip("no job cgroups on this host")
+    fut = pool.submit(task, "import time\ntime.sleep(3)\n")
+    own = cgroups._own_dir("memory")
+
+    def uids_in_job_cgroups() -> list[int]:
+        uids = []
+        for d in own.glob("wmrl-*"):
+            for pid in (d / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+                    uids.append(int(next(ln for ln in status if ln[:4] == "Uid:").split()[1]))
+        return uids
+
+    # Until the script has dropped to its uid (its set-up runs as root, inside the cgroup).
+    deadline, uids = time.monotonic() + 10, []
+    while time.monotonic() < deadline:
+        uids = uids_in_job_cgroups()
+        if uids and min(uids) >= sandbox.UID_BASE:
+            break
+        time.sleep(0.05)
+    assert uids and min(uids) >= sandbox.UID_BASE, f"uids in the job cgroup: {uids}"
+    assert fut.result().status == Status.NO_SUBMISSION

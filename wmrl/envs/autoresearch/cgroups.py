@@ -7,8 +7,9 @@ inside it is reported so the grader calls it a runtime error.
 
 The job cgroup is created *inside the supervisor's own cgroup* (so whoever
 accounts for this process tree still accounts for the sandboxes), is entered
-by the supervisor before it forks the sandbox (children inherit it), and is
-removed when the execution is over. Only cgroup v1 hierarchies are used; on a
+by the script's process first thing after its fork (its children inherit it; the
+supervisor stays outside, so what the script leaves charged there cannot starve it), and
+is removed when the execution is over. Only cgroup v1 hierarchies are used; on a
 host without them (or without permission) the sandbox runs without this layer
 and says so in its isolation level.
 """
@@ -78,7 +79,8 @@ class JobCgroup:
         (self.dirs["pids"] / "pids.max").write_text(str(pids_max))
 
     def enter(self) -> None:
-        """Move the calling process (and so its future children) into the job cgroup."""
+        """Move the calling process (and so its future children) into the job cgroup: the
+        script's process, before it does anything, never its supervisor."""
         for d in self.dirs.values():
             (d / "cgroup.procs").write_text(str(os.getpid()))
 
@@ -90,11 +92,8 @@ class JobCgroup:
         fields = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
         return int(fields.get("oom_kill", 0)) > 0
 
-    def leave_and_remove(self, timeout: float = 2.0) -> None:
-        """Move back to the parent cgroups and delete the job's (once its processes are gone)."""
-        for parent in self.parents.values():
-            with contextlib.suppress(OSError):
-                (parent / "cgroup.procs").write_text(str(os.getpid()))
+    def remove(self, timeout: float = 2.0) -> None:
+        """Delete the job's cgroups (once its processes are gone; the caller is outside)."""
         deadline = time.monotonic() + timeout
         for d in self.dirs.values():
             while True:

@@ -73,7 +73,7 @@ def build_root(job: dict) -> None:
     the supervisor, which reads the submission from it afterwards).
     """
     root = os.path.join(job["workdir"], "root")
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=0755")
     # Data, work dir and /tmp first: the Python installation may itself live under /tmp (a
     # checkout or venv there), and its bind must then land inside the job's /tmp, not under it.
     data, work = root + SANDBOX_DATA, root + SANDBOX_WORK
@@ -94,7 +94,7 @@ def build_root(job: dict) -> None:
         mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     dev = root + "/dev"
     os.makedirs(dev)
-    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755")
     for name in ("null", "zero", "random", "urandom"):
         open(f"{dev}/{name}", "w").close()
         mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
@@ -106,9 +106,9 @@ def build_root(job: dict) -> None:
     ):
         os.symlink(target, f"{dev}/{name}")
     os.makedirs(dev + "/shm")
-    mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+    mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,nr_inodes=1024,mode=1777")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m")
+    mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096")
     os.chroot(root)
     os.chdir(SANDBOX_WORK)
 

@@ -81,6 +81,7 @@ from wmrl.envs.autoresearch.linux import (
 UID_BASE = 61000  # sandbox uids need not exist in /etc/passwd
 UID_BLOCK = 64  # uids per pool: one per slot
 UID_BLOCKS = 32000  # sandbox uids live in [UID_BASE, UID_BASE + UID_BLOCK * UID_BLOCKS)
+WORK_INODES = 16384  # files + directories in a namespaces work dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +242,6 @@ def _become_script(
         limits = job["limits"]
         cpu = int(limits["time_limit_s"]) + 1
         mem = (job["base_vm_mb"] + limits["memory_mb"]) * 2**20
-        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
-            f.write("0")  # the supervisor is exempt from OOM kills; the script is not
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
@@ -357,24 +356,22 @@ class _Tail:
         return self.buf.decode("utf-8", errors="replace")
 
 
-def _enter_job_cgroup(job: dict):
-    """Put the supervisor (and so the whole sandbox) in a fresh memory + pids cgroup.
+def _make_job_cgroup(job: dict):
+    """A fresh memory + pids cgroup for the script's processes (not the supervisor's).
 
-    The cap covers the script's memory plus its tmpfs work dir and /dev/shm,
-    with slack for the supervisor, which is exempted from the OOM
-    killer so that an OOM kill always lands on the script's processes.
+    The cap covers the script's memory plus its tmpfs work dir and /dev/shm, with slack.
+    The supervisor stays outside it, in the pool's cgroup: whatever the script leaves
+    charged to the job (tmpfs pages and inodes outlive their writer), the supervisor's own
+    allocations (reading the submission, reporting) never compete with it, so a full job
+    cgroup can only OOM-kill the script's processes, and the outcome is always graded.
     Returns None (and the run says so) if the cgroup cannot be made.
     """
     limits = job["limits"]
     mem = (limits["memory_mb"] + limits["disk_mb"] + 16 + 64) * 2**20
     try:
-        cg = cgroups.JobCgroup(f"wmrl-{job['id']}", mem, limits["nproc"] + 16)
-        cg.enter()
+        return cgroups.JobCgroup(f"wmrl-{job['id']}", mem, limits["nproc"] + 16)
     except OSError:
         return None
-    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
-        f.write("-1000")
-    return cg
 
 
 def _drain(fds: dict[int, _Tail], until: float) -> None:
@@ -402,7 +399,9 @@ def _prepare_work_dir(job: dict, uid: int | None) -> str:
         # sees it and it vanishes with the supervisor.
         owner = f",uid={uid},gid={uid}" if uid is not None else ""
         size = job["limits"]["disk_mb"]
-        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=0700{owner}")
+        # Inodes are capped too: they are kernel memory charged to the job, not to size=.
+        opts = f"size={size}m,nr_inodes={WORK_INODES},mode=0700{owner}"
+        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, opts)
     os.makedirs(os.path.join(work, "tmp"))
     shutil.copyfile(os.path.join(job["workdir"], "script.py"), os.path.join(work, "script.py"))
     if uid is not None:
@@ -411,7 +410,9 @@ def _prepare_work_dir(job: dict, uid: int | None) -> str:
     return work
 
 
-def _start_script(job: dict, uid: int | None, work: str, out_w: int, err_w: int, ready_w: int):
+def _start_script(
+    job: dict, uid: int | None, work: str, out_w: int, err_w: int, ready_w: int, cgroup
+):
     """Fork the script process and return its pid.
 
     With namespaces the script is PID 1 of its own PID namespace, so its exit
@@ -423,6 +424,8 @@ def _start_script(job: dict, uid: int | None, work: str, out_w: int, err_w: int,
     if pid:
         return pid
     try:
+        if cgroup is not None:  # first, so that everything the script does is charged to it
+            cgroup.enter()
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         os.setsid()
         if job["isolation"] == "namespaces":
@@ -454,7 +457,7 @@ def supervise(job: dict, report=None) -> dict:
     limits = job["limits"]
     isolation = job["isolation"]
     uid = int(job["uid"]) if os.geteuid() == 0 else None
-    cgroup = _enter_job_cgroup(job) if job.get("cgroup") else None
+    cgroup = _make_job_cgroup(job) if job.get("cgroup") else None
     if isolation == "namespaces":
         unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS)
         mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -463,7 +466,7 @@ def supervise(job: dict, report=None) -> dict:
     err_r, err_w = os.pipe()
     ready_r, ready_w = os.pipe()
     tails = {out_r: _Tail(limits["output_tail_bytes"]), err_r: _Tail(limits["output_tail_bytes"])}
-    pid = _start_script(job, uid, work, out_w, err_w, ready_w)
+    pid = _start_script(job, uid, work, out_w, err_w, ready_w, cgroup)
     for fd in (out_w, err_w, ready_w):
         os.close(fd)
     try:
@@ -529,5 +532,5 @@ def supervise(job: dict, report=None) -> dict:
     if report is not None:
         report(result)
     if cgroup is not None:
-        cgroup.leave_and_remove()
+        cgroup.remove()
     return result
