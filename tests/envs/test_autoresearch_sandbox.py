@@ -455,10 +455,15 @@ def rlimits_pool(**kw) -> tuple[SandboxPool, bool]:
     uid cannot read this host's Python installation, e.g. one under a 0700 /root or a 0700
     checkout: `test_startup_check_names_what_the_sandbox_uid_cannot_reach`) the isolation
     tests still run with the check off, but honest scripts are not expected to work."""
-    try:
-        return SandboxPool(isolation="rlimits", **kw), True
-    except SandboxStartupError:
-        return SandboxPool(isolation="rlimits", startup_check=False, **kw), False
+    if not _RLIMITS_REFUSED:
+        try:
+            return SandboxPool(isolation="rlimits", **kw), True
+        except SandboxStartupError as e:
+            _RLIMITS_REFUSED.append(str(e))  # the host does not change: ask once
+    return SandboxPool(isolation="rlimits", startup_check=False, **kw), False
+
+
+_RLIMITS_REFUSED: list[str] = []
 
 
 def test_rlimits_fallback_contains_basic_attacks(task):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
+from test_autoresearch_sandbox import assert_no_sandbox_pids, rlimits_pool
 
 from wmrl.envs.autoresearch import sandbox
 from wmrl.envs.autoresearch.grader import Status
@@ -99,6 +100,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # ~10 s; the fast suite has test_startup_check_names_what_the_sandbox_uid...
 @as_root
 def test_a_virtualenv_inside_a_0700_directory(tmp_path, task):
     """What CI does (`d=$(mktemp -d)`, clone, `.venv` inside): a virtualenv in a directory
@@ -292,3 +294,248 @@ def test_only_the_scripts_processes_are_in_the_job_cgroup(pool, task):
         time.sleep(0.05)
     assert uids and min(uids) >= sandbox.UID_BASE, f"uids in the job cgroup: {uids}"
     assert fut.result().status == Status.NO_SUBMISSION
+
+
+# -- item 4: kernel keyrings (per uid, not namespaced) and uid blocks ------------------------
+
+KEYRING = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": (248, 250), "aarch64": (217, 219)}[__import__("platform").machine()]
+KEY_SPEC_USER_KEYRING, KEYCTL_SEARCH = -4, 10
+if MODE == "write":
+    r = libc.syscall(NR[0], b"user", b"wmrl-leak", b"from the last execution", 23,
+                     KEY_SPEC_USER_KEYRING)
+else:
+    r = libc.syscall(NR[1], KEYCTL_SEARCH, KEY_SPEC_USER_KEYRING, b"user", b"wmrl-leak", 0)
+print(MODE, r, ctypes.get_errno())
+"""
+
+
+def test_keyrings_carry_nothing_between_executions(task):
+    """One execution stores a key in its uid's keyring, the next one in the same slot looks
+    for it: the keyring syscalls are denied (EPERM), so there is nothing to find."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("keyring syscall numbers known for x86_64 and aarch64 only")
+    with SandboxPool(num_workers=1) as p:
+        wrote = p.run(task, 'MODE = "write"\n' + KEYRING)
+        read = p.run(task, 'MODE = "read"\n' + KEYRING)
+    assert wrote.stdout_tail.split() == ["write", "-1", "1"], wrote
+    assert read.stdout_tail.split() == ["read", "-1", "1"], read
+
+
+def test_uid_blocks_are_distinct_between_pools_and_processes():
+    """Blocks once collided for pids p and p + 2000 and for a process's 1st and 17th pool."""
+    blocks = [sandbox.UidBlock.claim() for _ in range(20)]
+    code = (
+        "from wmrl.envs.autoresearch import sandbox\n"
+        "print(*[sandbox.UidBlock.claim().base for _ in range(20)])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    other = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    try:
+        mine = [b.base for b in blocks]
+        theirs = [int(x) for x in other.stdout.split()]
+        assert len(set(mine)) == 20 and len(set(theirs)) == 20
+        assert not set(mine) & set(theirs)  # ours are held: the other process skips them
+        for base in mine + theirs:
+            assert sandbox.UID_BASE <= base < sandbox.UID_BASE + sandbox.UID_BLOCK * 32000
+            assert (base - sandbox.UID_BASE) % sandbox.UID_BLOCK == 0
+    finally:
+        for b in blocks:
+            b.release()
+    again = sandbox.UidBlock.claim()  # released blocks are free again
+    again.release()
+
+
+# -- item 5: one CPU core per execution --------------------------------------------------------
+
+SPIN = """
+import os, time
+t0 = time.monotonic()
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        while time.monotonic() - t0 < 2.5:
+            pass
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+t = os.times()
+print("cpu", t.children_user + t.children_system, "wall", time.monotonic() - t0)
+"""
+
+
+def test_a_script_gets_one_cpu_core(pool, task):
+    """Two spinning children used 7.97 CPU-seconds in 4 s on both cores; the cap (a CPU
+    quota in the job cgroup, which affinity changes cannot lift) holds them to one."""
+    from wmrl.envs.autoresearch import cgroups
+
+    if not cgroups.cpu_available():
+        pytest.skip("no CPU cgroup on this host: only affinity, which a script can widen")
+    widen = "os.sched_setaffinity(0, range(os.cpu_count()))\n"  # undo the slot's pinning
+    r = run(pool, task, SPIN.replace("kids = []\n", "kids = []\n" + widen))
+    assert r.status == Status.NO_SUBMISSION, r
+    words = r.stdout_tail.split()
+    cpu, wall = float(words[1]), float(words[3])
+    assert wall >= 2.5
+    assert cpu / wall < 1.2, r.stdout_tail
+
+
+# -- item 6: a prefork execution is seeded like a fresh interpreter, reproducibly -------------
+
+DRAWS = """
+import random
+import numpy as np
+print(repr(np.random.rand()), repr(random.random()), hash("wmrl"))
+"""
+
+
+def test_prefork_executions_are_reseeded_per_execution(task):
+    """numpy.random and random once returned the template's state in every execution. Now
+    each execution draws from its own seed (run seed, execution key): different between
+    executions, identical when a new pool (a resumed run) re-executes the same keys."""
+    with SandboxPool(num_workers=1, seed=7) as p:
+        first = [p.run(task, DRAWS).stdout_tail for _ in range(3)]
+        keyed = [p.run(task, DRAWS, key="step-3/7").stdout_tail for _ in range(2)]
+    with SandboxPool(num_workers=1, seed=7) as p:
+        resumed = [p.run(task, DRAWS).stdout_tail for _ in range(3)]
+        resumed_keyed = p.run(task, DRAWS, key="step-3/7").stdout_tail
+    np_draws = [line.split()[0] for line in first]
+    py_draws = [line.split()[1] for line in first]
+    assert len(set(np_draws)) == 3 and len(set(py_draws)) == 3, first
+    assert resumed == first
+    assert keyed[0] == keyed[1] == resumed_keyed and keyed[0] not in first
+    # The hash seed is fixed (PYTHONHASHSEED=0), the same as in a fresh interpreter.
+    fresh = subprocess.run(
+        [sys.executable, "-c", 'print(hash("wmrl"))'],
+        capture_output=True,
+        text=True,
+        env={"PYTHONHASHSEED": "0"},
+        check=True,
+    )
+    assert {line.split()[2] for line in first} == {fresh.stdout.strip()}
+
+
+# -- item 7: rlimits fallback, slots must not read each other's work dirs ----------------------
+
+VICTIM = """
+import os, time
+import pandas as pd
+te = pd.read_csv(os.path.join(os.environ["DATA_DIR"], "test.csv"))
+pd.DataFrame({"id": te["id"], "label": "yes"}).to_csv(os.environ["SUBMISSION_PATH"], index=False)
+open("ready", "w").close()
+time.sleep(4)
+"""
+
+THIEF = """
+import os, time
+mine = os.path.basename(os.path.dirname(os.getcwd()))
+others = []
+t0 = time.monotonic()
+while not others and time.monotonic() - t0 < 3.5:
+    others = [d for d in os.listdir(WORKROOT) if d != mine and d.startswith("tiny-")]
+    time.sleep(0.05)
+print("sibling", bool(others))
+for d in others:
+    for attempt in ("listdir", "copy"):
+        try:
+            if attempt == "listdir":
+                os.listdir(os.path.join(WORKROOT, d))
+            else:
+                src = os.path.join(WORKROOT, d, "work", "submission.csv")
+                with open(src, "rb") as f, open(os.environ["SUBMISSION_PATH"], "wb") as g:
+                    g.write(f.read())
+            print("stolen", attempt)
+        except OSError as e:
+            print("denied", attempt, e.errno)
+"""
+
+
+@as_root
+def test_rlimits_slots_cannot_read_each_others_work_dirs(task):
+    """A thief copied its sibling's submission and scored it VALID. Each slot's directory
+    is now its own uid's, mode 0700: the thief sees the sibling's name, nothing inside."""
+    p, _ = rlimits_pool(num_workers=2)
+    with p:
+        victim = p.submit(task, VICTIM)
+        thief = p.submit(task, f"WORKROOT = {p._workroot!r}\n" + THIEF)
+        v, t = victim.result(), thief.result()
+        own = p.run(
+            task,
+            "import os\nfor d in ('.', '..'):\n"
+            "    s = os.stat(d)\n    print(d, s.st_uid, oct(s.st_mode & 0o777))\n",
+        )
+        uid = p.uid_base
+    assert v.status == Status.VALID, v
+    assert "sibling True" in t.stdout_tail, t.stdout_tail
+    assert "stolen" not in t.stdout_tail, t.stdout_tail
+    assert "denied listdir 13" in t.stdout_tail and "denied copy 13" in t.stdout_tail
+    assert t.status == Status.NO_SUBMISSION, t
+    # The script's own directory and its parent: the slot's uid's, the parent 0700.
+    lines = dict(line.split(" ", 1) for line in own.stdout_tail.splitlines())
+    assert lines[".."] in (f"{uid} 0o700", f"{uid + 1} 0o700"), own.stdout_tail
+    assert lines["."].split()[0] == lines[".."].split()[0], own.stdout_tail
+    assert_no_sandbox_pids(p)
+
+
+# -- item 12: a killed trainer's leftovers are removed by the next pool ------------------------
+
+TRAINER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from autoresearch_fixtures import make_tiny_task
+from wmrl.envs.autoresearch.pool import SandboxPool
+task = make_tiny_task(Path({task_dir!r}), time_limit_s=60.0)
+pool = SandboxPool(1)
+pool.submit(task, "import time\\ntime.sleep(60)\\n")
+time.sleep(1.0)
+print(pool._workroot, pool.owner, flush=True)
+time.sleep(600)
+"""
+
+
+@as_root
+def test_a_killed_trainers_leftovers_are_removed_by_the_next_pool(pool, tmp_path):
+    """SIGKILL to a trainer's whole process group mid-execution leaves its work root and
+    its job cgroups behind; the next pool's start removes them (their owner is dead), and
+    leaves a live pool's alone."""
+    from wmrl.envs.autoresearch import cgroups
+
+    code = TRAINER.format(tests=str(Path(__file__).parent), task_dir=str(tmp_path / "tiny"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        workroot, owner = trainer.stdout.readline().split()
+    finally:
+        os.killpg(trainer.pid, 9)
+        trainer.wait()
+    job_cgroups = []
+    if cgroups.available():
+        job_cgroups = [d for d in cgroups._own_dir("memory").glob(f"wmrl-{owner}-*")]
+        assert job_cgroups, "the killed trainer's running job had no cgroup"
+    # Its sandbox dies with its supervisor (parent-death signal); wait for the cgroup to empty.
+    deadline = time.monotonic() + 10
+    while any((d / "cgroup.procs").read_text().strip() for d in job_cgroups if d.exists()):
+        assert time.monotonic() < deadline, "the killed trainer's sandbox is still running"
+        time.sleep(0.05)
+    assert os.path.isdir(workroot)
+    with SandboxPool(num_workers=1, startup_check=False) as fresh:
+        cleaned = fresh.cleaned
+    assert workroot in cleaned and not os.path.exists(workroot)
+    for d in job_cgroups:
+        assert not d.exists(), d
+    assert os.path.isdir(pool._workroot)  # a live pool's work root is left alone

@@ -65,18 +65,47 @@ def available() -> bool:
     return _AVAILABLE
 
 
-class JobCgroup:
-    """One execution's memory + pids cgroup. Use from the supervisor process."""
+_CPU: bool | None = None
+CFS_PERIOD_US = 100_000
 
-    def __init__(self, name: str, memory_bytes: int, pids_max: int):
-        self.parents = {c: _own_dir(c) for c in CONTROLLERS}
+
+def cpu_available() -> bool:
+    """True if job cgroups also get a CPU quota (the v1 cpu controller is writable)."""
+    global _CPU
+    if _CPU is None:
+        _CPU = False
+        own = _own_dir("cpu")
+        if own is not None and available():
+            probe = own / f"wmrl-probe-{os.getpid()}"
+            try:
+                probe.mkdir()
+                _CPU = (probe / "cpu.cfs_quota_us").exists()
+            except OSError:
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    probe.rmdir()
+    return _CPU
+
+
+class JobCgroup:
+    """One execution's memory + pids (+ cpu quota) cgroup, made by the supervisor and
+    entered by the script's process."""
+
+    def __init__(self, name: str, memory_bytes: int, pids_max: int, cpu_cores: float = 1.0):
+        controllers = CONTROLLERS + (("cpu",) if cpu_available() else ())
+        self.parents = {c: _own_dir(c) for c in controllers}
         self.dirs = {c: p / name for c, p in self.parents.items()}
-        self.dirs["memory"].mkdir()
-        self.dirs["pids"].mkdir()
+        for d in self.dirs.values():
+            d.mkdir()
         (self.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory_bytes))
         with contextlib.suppress(OSError):  # only where swap accounting is on
             (self.dirs["memory"] / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
         (self.dirs["pids"] / "pids.max").write_text(str(pids_max))
+        if "cpu" in self.dirs:  # a hard cap over all its processes: affinity can be undone
+            (self.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+            quota = max(1000, int(cpu_cores * CFS_PERIOD_US))
+            (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
 
     def enter(self) -> None:
         """Move the calling process (and so its future children) into the job cgroup: the
@@ -116,7 +145,7 @@ def remove_stale(name: str, timeout: float = 3.0) -> None:
     so a live sandbox is never touched.
     """
     deadline = time.monotonic() + timeout
-    for controller in CONTROLLERS:
+    for controller in (*CONTROLLERS, "cpu"):
         parent = _own_dir(controller)
         while parent is not None:
             try:
@@ -128,3 +157,28 @@ def remove_stale(name: str, timeout: float = 3.0) -> None:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.001)
+
+
+def remove_dead_owners(alive) -> list[str]:
+    """Remove job cgroups (``wmrl-<owner tag>-<job>``) and probes (``wmrl-probe-<pid>``)
+    whose owner is dead, under this process's own cgroups; ``alive(tag)`` decides (None:
+    not a tag, leave it). Only empty cgroups can be removed, so a live job is never
+    touched. Returns the names removed."""
+    removed = []
+    for controller in (*CONTROLLERS, "cpu"):
+        parent = _own_dir(controller)
+        if parent is None:
+            continue
+        for d in parent.glob("wmrl-*"):
+            rest = d.name[len("wmrl-") :]
+            tag = rest.split("-", 1)[0] if not rest.startswith("probe-") else None
+            if tag is not None and alive(tag) is not False:
+                continue
+            if tag is None:
+                pid = rest[len("probe-") :]
+                if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                    continue
+            with contextlib.suppress(OSError):
+                d.rmdir()
+                removed.append(f"{controller}/{d.name}")
+    return removed

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
+import platform
 import signal
+import struct
 import sys
 import time
 
@@ -20,7 +23,8 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 38, 22
+SECCOMP_MODE_FILTER = 2
 
 
 SANDBOX_DATA = "/sandbox/data"
@@ -161,3 +165,73 @@ def kill_uid(uid: int, timeout: float = 2.0) -> None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.005)
+
+
+# Kernel keyrings are per uid, not per namespace: a key one execution adds is readable by
+# the next one in the same slot (and outlives the pool). The sandbox denies the three
+# keyring syscalls outright. (audit arch, (add_key, request_key, keyctl)) per machine.
+_KEYRING_SYSCALLS = {
+    "x86_64": (0xC000003E, (248, 249, 250)),
+    "aarch64": (0xC00000B7, (217, 218, 219)),
+}
+
+
+def deny_keyring_syscalls() -> bool:
+    """Install a seccomp filter: add_key, request_key and keyctl fail with EPERM, as does
+    every syscall of a foreign ABI (x32, or i386 through int 0x80, with other numbers).
+
+    Needs no_new_privs (or CAP_SYS_ADMIN); inherited by children and kept across execve.
+    Returns False on a machine whose syscall numbers are not known here.
+    """
+    known = _KEYRING_SYSCALLS.get(platform.machine())
+    if known is None:
+        return False
+    arch, numbers = known
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW / _ERRNO
+    # Each check below jumps forward to the final "deny" when it matches.
+    checks = [(jge_k, 0x40000000)] + [(jeq_k, nr) for nr in numbers]  # x32 numbers, then ours
+    prog = [
+        (ld_w_abs, 0, 0, 4),  # A = seccomp_data.arch
+        (jeq_k, 1, 0, arch),  # native ABI: skip the next instruction
+        (ret_k, 0, 0, deny),
+        (ld_w_abs, 0, 0, 0),  # A = seccomp_data.nr
+    ]
+    prog += [(code, len(checks) - i, 0, k) for i, (code, k) in enumerate(checks)]
+    prog += [(ret_k, 0, 0, allow), (ret_k, 0, 0, deny)]
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
+    ret = _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+    check_call(ret, "seccomp")
+    return True
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of a live process, None if there is none:
+    with the pid, an identity that a reused pid does not share."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[19])  # field 22 of stat(5); fields here start at field 3
+
+
+def owner_tag() -> str:
+    """ "<pid>.<start time>" of this process: names what it leaves on the host (work dirs,
+    job cgroups) so that a later process can tell whether the owner is still alive."""
+    return f"{os.getpid()}.{process_start_time(os.getpid())}"
+
+
+def owner_alive(tag: str) -> bool | None:
+    """Whether the process named by ``owner_tag`` is alive; None if ``tag`` is not one."""
+    pid, _, start = tag.partition(".")
+    if not (pid.isascii() and pid.isdigit() and start.isascii() and start.isdigit()):
+        return None
+    return process_start_time(int(pid)) == int(start)

@@ -18,9 +18,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -31,7 +33,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from wmrl.envs.autoresearch import cgroups, sandbox
+from wmrl.envs.autoresearch import cgroups, linux, sandbox
 from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
 from wmrl.envs.autoresearch.sandbox import Limits
 from wmrl.envs.autoresearch.task import Task
@@ -234,6 +236,26 @@ class _TemplateProcess:
             self.proc.wait()
 
 
+def clean_dead_owners(parent: str) -> list[str]:
+    """Remove what killed pools left behind: ``wmrl-sandbox-<owner>-*`` work roots under
+    ``parent`` and ``wmrl-<owner>-*`` job cgroups, whose owner process (pid + start time)
+    is gone. A live owner's, or anything not named this way, is left alone."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            if not entry.name.startswith("wmrl-sandbox-") or not entry.is_dir(
+                follow_symlinks=False
+            ):
+                continue
+            tag = entry.name[len("wmrl-sandbox-") :].rsplit("-", 1)[0]
+            if linux.owner_alive(tag) is False:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    if cgroups.available():
+        removed += cgroups.remove_dead_owners(linux.owner_alive)
+    return removed
+
+
 def _check_traversable(path: str) -> None:
     """rlimits mode runs scripts as an unprivileged uid that must reach its work dir."""
     p = Path(path)
@@ -258,6 +280,10 @@ class SandboxPool:
         limits apply unless overridden here.
       time_limit_cap_s: caps every task's own time limit (e.g. a quick experiment on a
         suite whose tasks allow minutes); None keeps the tasks' limits.
+      seed: the run's seed; each execution's ``random`` / ``numpy.random`` state is seeded
+        from it and the execution's key (``submit``), so unseeded scripts vary between
+        executions like fresh interpreters and repeat exactly when a resumed run
+        re-executes the same key.
       startup_check: run the canary script (``CANARY``) once through the sandbox before
         accepting work and raise ``SandboxStartupError`` (naming the paths the sandbox uid
         cannot reach) if it fails: otherwise every script of a broken setup would score
@@ -273,14 +299,23 @@ class SandboxPool:
         workroot: str | None = None,
         time_limit_cap_s: float | None = None,
         startup_check: bool = True,
+        seed: int = 0,
         **limit_overrides,
     ):
         self.num_workers = num_workers or os.cpu_count() or 1
         self.prefork = prefork
+        self.seed = int(seed)
         self._limit_overrides = limit_overrides
         self._time_limit_cap_s = time_limit_cap_s
-        self._workroot = tempfile.mkdtemp(prefix="wmrl-sandbox-", dir=workroot)
+        self._submitted: dict[tuple[str, str], int] = {}
+        # Named after this process (pid + start time): a later pool removes it if we are
+        # killed before close() (clean_dead_owners), and never while we live.
+        self.owner = linux.owner_tag()
+        self.cleaned = clean_dead_owners(workroot or tempfile.gettempdir())
+        self._workroot = tempfile.mkdtemp(prefix=f"wmrl-sandbox-{self.owner}-", dir=workroot)
         os.chmod(self._workroot, 0o755)
+        cpus = sorted(os.sched_getaffinity(0))
+        self._slot_cpus = [[cpus[i % len(cpus)]] for i in range(self.num_workers)]
         self._template_lock = threading.Lock()
         self._template = _TemplateProcess(prefork, self._workroot)
         host_level, _, cgroup = self._template.isolation.partition("+")
@@ -297,7 +332,8 @@ class SandboxPool:
             _check_traversable(self._workroot)
         if self.num_workers > sandbox.UID_BLOCK:
             raise ValueError(f"at most {sandbox.UID_BLOCK} workers per pool")
-        self.uid_base = sandbox.allocate_uid_block()
+        self._uid_block = sandbox.UidBlock.claim()
+        self.uid_base = self._uid_block.base
         self._stale_cgroups: list[str] = []
         self._slots: queue.Queue[int] = queue.Queue()
         for i in range(self.num_workers):
@@ -314,13 +350,12 @@ class SandboxPool:
 
     def _startup_check(self) -> None:
         """Run ``CANARY`` for real; raise SandboxStartupError naming what is unreachable."""
-        canary_root = Path(tempfile.mkdtemp(prefix="wmrl-canary-"))
+        canary_root = Path(self._workroot) / "canary-task"
         try:
-            os.chmod(canary_root, 0o755)
-            task = _canary_task(canary_root / "canary")
+            task = _canary_task(canary_root)
             # Its own limits: a tight time_limit_cap_s must not fail a loaded machine's check.
             limits = dataclasses.replace(self._limits(task), time_limit_s=120.0)
-            r = self._execute(task, CANARY.encode(), limits)
+            r = self._execute(task, CANARY.encode(), "canary", limits)
         finally:
             shutil.rmtree(canary_root, ignore_errors=True)
         if r.status == Status.VALID and "wmrl-canary-ok" in r.stdout_tail:
@@ -344,12 +379,23 @@ class SandboxPool:
 
     # -- public API ----------------------------------------------------------
 
-    def submit(self, task: Task, script: str | bytes) -> cf.Future:
-        """Queue one execution; the future resolves to an ExecutionResult (never raises)."""
+    def submit(self, task: Task, script: str | bytes, key: str | None = None) -> cf.Future:
+        """Queue one execution; the future resolves to an ExecutionResult (never raises).
+
+        ``key`` names the execution for its seed (``sandbox.execution_seed(seed, key)``):
+        a resumed run that passes the same key gets the same random state. By default it
+        is the task id, the script's hash and how many times this pool was given that pair
+        before, which is reproducible when the submissions come in the same order.
+        """
         source = script.encode("utf-8") if isinstance(script, str) else bytes(script)
         with self._pending_lock:
             self._pending += 1
-        fut = self._executor.submit(self._execute, task, source)
+            if key is None:
+                pair = (task.id, hashlib.sha256(source).hexdigest())
+                n = self._submitted.get(pair, 0)
+                self._submitted[pair] = n + 1
+                key = f"{pair[0]}:{pair[1]}:{n}"
+        fut = self._executor.submit(self._execute, task, source, key)
         fut.add_done_callback(self._on_done)
         return fut
 
@@ -360,9 +406,9 @@ class SandboxPool:
     def as_completed(futures: Iterable[cf.Future]) -> Iterator[cf.Future]:
         return cf.as_completed(list(futures))
 
-    def run(self, task: Task, script: str | bytes) -> ExecutionResult:
+    def run(self, task: Task, script: str | bytes, key: str | None = None) -> ExecutionResult:
         """Blocking convenience for one execution."""
-        return self.submit(task, script).result()
+        return self.submit(task, script, key).result()
 
     def free_slots(self) -> int:
         """Slots not taken by running or queued executions."""
@@ -376,6 +422,8 @@ class SandboxPool:
         for name in getattr(self, "_stale_cgroups", []):
             cgroups.remove_stale(name)
         shutil.rmtree(self._workroot, ignore_errors=True)
+        if hasattr(self, "_uid_block"):
+            self._uid_block.release()
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -403,7 +451,9 @@ class SandboxPool:
                 self._template = _TemplateProcess(self.prefork, self._workroot)
             return self._template
 
-    def _execute(self, task: Task, source: bytes, limits: Limits | None = None) -> ExecutionResult:
+    def _execute(
+        self, task: Task, source: bytes, key: str, limits: Limits | None = None
+    ) -> ExecutionResult:
         t0 = time.monotonic()
         problem = check_script(source)
         if problem is not None:
@@ -422,7 +472,7 @@ class SandboxPool:
         last_error = ""
         for attempt in (1, 2):
             try:
-                result = self._attempt(task, source, limits or self._limits(task))
+                result = self._attempt(task, source, key, limits or self._limits(task))
                 return dataclasses.replace(result, attempts=attempt)
             except Exception as e:  # infrastructure: retry once, then UNGRADED
                 last_error = f"{type(e).__name__}: {e}"
@@ -440,13 +490,14 @@ class SandboxPool:
             attempts=2,
         )
 
-    def _attempt(self, task: Task, source: bytes, limits: Limits) -> ExecutionResult:
+    def _attempt(self, task: Task, source: bytes, key: str, limits: Limits) -> ExecutionResult:
         slot = self._slots.get()
         workdir = job = None
         reported = False
+        uid = self.uid_base + slot
         try:
-            workdir = Path(tempfile.mkdtemp(prefix=f"{task.id[:40]}-", dir=self._workroot))
-            os.chmod(workdir, 0o755)
+            prefix = re.sub(r"[^A-Za-z0-9._-]", "_", task.id[:40]) + "-"
+            workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=self._workroot))  # 0700
             (workdir / "out").mkdir()
             (workdir / "root").mkdir()
             if self._level == "namespaces":
@@ -457,16 +508,22 @@ class SandboxPool:
                 for name in ("train.csv", "test.csv", "description.md"):
                     shutil.copyfile(task.public_dir / name, data_dir / name)
             (workdir / "script.py").write_bytes(source)
+            if self._level == "rlimits" and os.geteuid() == 0:
+                # The slot's own 0700 directory: a sibling slot (another uid) cannot enter
+                # it to copy the data, the script or the submission.
+                os.chown(workdir, uid, uid)
             job = {
-                "id": uuid.uuid4().hex,
+                "id": f"{self.owner}-{uuid.uuid4().hex}",
                 "workdir": str(workdir),
                 "data_dir": str(data_dir),
                 "limits": limits.to_json(),
                 "slot": slot,
-                "uid": self.uid_base + slot,
+                "uid": uid,
                 "isolation": self._level,
                 "cgroup": self._cgroup,
                 "prefork": self.prefork,
+                "seed": sandbox.execution_seed(self.seed, key),
+                "cpus": self._slot_cpus[slot],
             }
             self._template_for_job().run(job, timeout=limits.time_limit_s + 60)
             raw = json.loads((workdir / "result.json").read_text())

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import os
 import resource
@@ -52,6 +53,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -72,7 +74,9 @@ from wmrl.envs.autoresearch.linux import (
     SANDBOX_DATA,
     SANDBOX_WORK,
     build_root,
+    deny_keyring_syscalls,
     kill_uid,
+    live_pids_with_uid,
     mount,
     prctl,
     unshare,
@@ -148,18 +152,66 @@ def _detect_base_isolation() -> str:
     return _ISOLATION
 
 
+class UidBlock:
+    """A block of sandbox uids held by one pool for its lifetime (slot i runs as base + i).
+
+    Claimed with an exclusive ``flock`` on a per-block lock file, so distinct pools (in this
+    process or any other on the host) never share a block while they live; the lock goes
+    with the pool (or its process, however it dies). A block that still has live processes
+    (a crashed pool's stragglers) is skipped. RLIMIT_NPROC, signals and the rlimits-mode uid
+    sweep therefore never touch another pool's sandboxes.
+    """
+
+    def __init__(self, base: int, lock_fd: int):
+        self.base, self._fd = base, lock_fd
+
+    @classmethod
+    def claim(cls) -> UidBlock:
+        import fcntl
+
+        lock_dir = Path(tempfile.gettempdir()) / f"wmrl-sandbox-uids-{os.geteuid()}"
+        lock_dir.mkdir(mode=0o700, exist_ok=True)
+        start = (os.getpid() * 7919 + next(_pool_counter)) % UID_BLOCKS
+        for i in range(UID_BLOCKS):
+            block = (start + i) % UID_BLOCKS
+            fd = os.open(lock_dir / f"{block}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            base = UID_BASE + UID_BLOCK * block
+            if live_pids_with_uid(base, base + UID_BLOCK):
+                os.close(fd)
+                continue
+            return cls(base, fd)
+        raise RuntimeError("no free sandbox uid block")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 _pool_counter = itertools.count()
 
 
-def allocate_uid_block() -> int:
-    """First uid of a fresh block for one pool (slot i runs as block + i).
+def execution_seed(run_seed: int, key: str) -> int:
+    """The seed of one execution: a function of the run's seed and the execution's key
+    only, so a resumed run that re-executes the same key draws the same numbers."""
+    digest = hashlib.sha256(f"{run_seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
 
-    Distinct pools (in this process or others on the host) get distinct
-    blocks, so RLIMIT_NPROC, signals and the rlimits-mode uid sweep never
-    touch another pool's sandboxes.
-    """
-    block = (os.getpid() % (UID_BLOCKS // 16)) * 16 + next(_pool_counter) % 16
-    return UID_BASE + UID_BLOCK * block
+
+def _reseed(seed: int) -> None:
+    """In a prefork script: what a fresh interpreter would do with its own entropy, done
+    with the execution's seed. (The hash seed is fixed; see ``base_env``.)"""
+    import random
+
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
 
 
 def _vm_size_mb() -> int:
@@ -248,6 +300,7 @@ def _become_script(
             os.setuid(uid)
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a credential change clears it
         prctl(PR_SET_NO_NEW_PRIVS, 1)
+        deny_keyring_syscalls()
         for res, val in (
             (resource.RLIMIT_CPU, (cpu, cpu + 1)),
             (resource.RLIMIT_AS, (mem, mem)),
@@ -265,6 +318,7 @@ def _become_script(
             os.execve(sys.executable, [sys.executable, "-B", script], env)
         os.environ.clear()
         os.environ.update(env)
+        _reseed(job["seed"])
         sys.argv = [script]
         sys.path[0] = os.getcwd()
         import runpy
@@ -369,7 +423,9 @@ def _make_job_cgroup(job: dict):
     limits = job["limits"]
     mem = (limits["memory_mb"] + limits["disk_mb"] + 16 + 64) * 2**20
     try:
-        return cgroups.JobCgroup(f"wmrl-{job['id']}", mem, limits["nproc"] + 16)
+        return cgroups.JobCgroup(
+            f"wmrl-{job['id']}", mem, limits["nproc"] + 16, cpu_cores=job.get("cpu_cores", 1.0)
+        )
     except OSError:
         return None
 
@@ -428,6 +484,8 @@ def _start_script(
             cgroup.enter()
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         os.setsid()
+        if job.get("cpus"):  # the slot's own core(s): siblings do not share theirs
+            os.sched_setaffinity(0, job["cpus"])
         if job["isolation"] == "namespaces":
             build_root(job)
             env = _script_env(SANDBOX_DATA, SANDBOX_WORK)
