@@ -23,14 +23,23 @@ Isolation levels (``detect_isolation`` picks the strongest the host allows):
     files, no core dumps), a wall-clock timeout that kills the whole group,
     capped stdout/stderr capture. As root it also drops to a per-slot uid
     (so it cannot signal its supervisor or read 0700 ``private/`` dirs) and
-    kills every process of that uid afterwards. Does NOT protect against:
-    network access, reading world-readable host files, a daemon that leaves
-    the process group when not running as root, and filling the disk with many
-    files each under the file-size limit.
+    kills every process of that uid afterwards; each slot works in its own 0700
+    directory owned by its uid. Does NOT protect against: network access,
+    reading world-readable host files, state left in world-writable host
+    directories between executions, a daemon that leaves the process group
+    when not running as root, and filling the disk with many files each under
+    the file-size limit.
+
+Both levels: an allowlisted environment (``base_env``: nothing of the
+trainer's, not even on the forked stack), a seccomp filter denying the kernel
+keyring syscalls (keyrings are per uid and would carry state between
+executions), per-execution seeds for ``random``/``numpy.random`` in prefork
+mode (``execution_seed``), and the slot's own CPU by affinity.
 
 ``+cgroup`` (either level, where cgroup v1 is writable): a per-execution
-memory + pids cgroup caps the total over all the script's processes (see
-``cgroups``); an OOM kill there is graded as a runtime error.
+memory + pids (+ CPU quota of one core) cgroup caps the total over all the
+script's processes (see ``cgroups``); only the script's processes are in it,
+not the supervisor; an OOM kill there is graded as a runtime error.
 
 The supervisor (``supervise``) runs in a forked child of the pool's template
 process (see ``forkserver``). With ``prefork`` the script itself runs in a fork
