@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import platform
 import signal
@@ -176,16 +177,15 @@ _KEYRING_SYSCALLS = {
 }
 
 
-def deny_keyring_syscalls() -> bool:
-    """Install a seccomp filter: add_key, request_key and keyctl fail with EPERM, as does
-    every syscall of a foreign ABI (x32, or i386 through int 0x80, with other numbers).
-
-    Needs no_new_privs (or CAP_SYS_ADMIN); inherited by children and kept across execve.
-    Returns False on a machine whose syscall numbers are not known here.
-    """
+@functools.cache
+def keyring_filter():
+    """The seccomp program (built once, in the template, so each execution only installs
+    it): add_key, request_key and keyctl fail with EPERM, as does every syscall of a
+    foreign ABI (x32, or i386 through int 0x80, with other numbers). None on a machine
+    whose syscall numbers are not known here."""
     known = _KEYRING_SYSCALLS.get(platform.machine())
     if known is None:
-        return False
+        return None
     arch, numbers = known
     ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW / _ERRNO
@@ -205,8 +205,19 @@ def deny_keyring_syscalls() -> bool:
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    fprog = SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
-    ret = _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+    return buf, SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
+
+
+def deny_keyring_syscalls() -> bool:
+    """Install the keyring seccomp filter (``keyring_filter``) on the calling process.
+
+    Needs no_new_privs (or CAP_SYS_ADMIN); inherited by children and kept across execve.
+    Returns False on a machine whose syscall numbers are not known here.
+    """
+    built = keyring_filter()
+    if built is None:
+        return False
+    ret = _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(built[1]), 0, 0)
     check_call(ret, "seccomp")
     return True
 

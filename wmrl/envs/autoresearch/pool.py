@@ -314,8 +314,11 @@ class SandboxPool:
         self.cleaned = clean_dead_owners(workroot or tempfile.gettempdir())
         self._workroot = tempfile.mkdtemp(prefix=f"wmrl-sandbox-{self.owner}-", dir=workroot)
         os.chmod(self._workroot, 0o755)
+        # Each slot's core, where no job cgroup CPU quota caps a script at one core (a script
+        # can widen its affinity; pinning under a quota would only add scheduling latency).
         cpus = sorted(os.sched_getaffinity(0))
-        self._slot_cpus = [[cpus[i % len(cpus)]] for i in range(self.num_workers)]
+        pin = not (cgroups.available() and cgroups.cpu_available())
+        self._slot_cpus = [[cpus[i % len(cpus)]] if pin else [] for i in range(self.num_workers)]
         self._template_lock = threading.Lock()
         self._template = _TemplateProcess(prefork, self._workroot)
         host_level, _, cgroup = self._template.isolation.partition("+")

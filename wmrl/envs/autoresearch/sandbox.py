@@ -34,7 +34,8 @@ Both levels: an allowlisted environment (``base_env``: nothing of the
 trainer's, not even on the forked stack), a seccomp filter denying the kernel
 keyring syscalls (keyrings are per uid and would carry state between
 executions), per-execution seeds for ``random``/``numpy.random`` in prefork
-mode (``execution_seed``), and the slot's own CPU by affinity.
+mode (``execution_seed``), and, without a CPU quota, the slot's own core by
+affinity.
 
 ``+cgroup`` (either level, where cgroup v1 is writable): a per-execution
 memory + pids (+ CPU quota of one core) cgroup caps the total over all the
@@ -218,9 +219,9 @@ def _reseed(seed: int) -> None:
     import random
 
     random.seed(seed)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(seed % 2**32)
+    nprandom = sys.modules.get("numpy.random")  # pre-imported by the template
+    if nprandom is not None:
+        nprandom.seed(seed % 2**32)
 
 
 def _vm_size_mb() -> int:
@@ -493,7 +494,7 @@ def _start_script(
             cgroup.enter()
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         os.setsid()
-        if job.get("cpus"):  # the slot's own core(s): siblings do not share theirs
+        if job.get("cpus"):  # no CPU quota here: at least keep to the slot's own core
             os.sched_setaffinity(0, job["cpus"])
         if job["isolation"] == "namespaces":
             build_root(job)
