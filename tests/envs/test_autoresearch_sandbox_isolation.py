@@ -541,3 +541,45 @@ def test_a_killed_trainers_leftovers_are_removed_by_the_next_pool(pool, tmp_path
     for d in job_cgroups:
         assert not d.exists(), d
     assert os.path.isdir(pool._workroot)  # a live pool's work root is left alone
+
+
+def test_a_planted_uid_lock_dir_is_refused(tmp_path, monkeypatch):
+    """Attacker's review of item 4: the uid-block lock directory lives in the temp dir, where
+    an rlimits-mode script (or any user) could create it first and hold every lock or plant
+    symlinks. A directory that is not ours and private is refused, naming it."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / f"wmrl-sandbox-uids-{os.geteuid()}"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    with pytest.raises(RuntimeError, match="not a private directory"):
+        sandbox.UidBlock.claim()
+    planted.rmdir()
+    planted.symlink_to(tmp_path)
+    with pytest.raises(RuntimeError, match="not a private directory"):
+        sandbox.UidBlock.claim()
+    planted.unlink()
+    block = sandbox.UidBlock.claim()  # made by us, 0700: fine
+    block.release()
+    assert stat.S_IMODE(planted.stat().st_mode) == 0o700
+
+
+@as_root
+def test_leftover_sweep_leaves_other_owners_dirs_alone(tmp_path):
+    """Attacker's review of item 12: a directory named like a dead pool's work root but made by
+    another uid (a sandbox script, a user) is not ours to delete; ours with a dead owner is."""
+    from wmrl.envs.autoresearch.pool import clean_dead_owners
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    tag = f"{dead.pid}.1"  # pid gone (or reused: then its start time differs)
+    theirs, ours = tmp_path / f"wmrl-sandbox-{tag}-a", tmp_path / f"wmrl-sandbox-{tag}-b"
+    theirs.mkdir()
+    ours.mkdir()
+    (theirs / "file").write_text("x")
+    os.chown(theirs, 65534, 65534)
+    (tmp_path / "wmrl-sandbox-link").symlink_to(theirs)
+    removed = clean_dead_owners(str(tmp_path))
+    assert removed == [str(ours)] and not ours.exists()
+    assert (theirs / "file").exists()

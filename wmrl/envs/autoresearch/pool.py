@@ -239,7 +239,8 @@ class _TemplateProcess:
 def clean_dead_owners(parent: str) -> list[str]:
     """Remove what killed pools left behind: ``wmrl-sandbox-<owner>-*`` work roots under
     ``parent`` and ``wmrl-<owner>-*`` job cgroups, whose owner process (pid + start time)
-    is gone. A live owner's, or anything not named this way, is left alone."""
+    is gone. A live owner's, another uid's, or anything not named this way, is left
+    alone."""
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(parent):
@@ -247,6 +248,8 @@ def clean_dead_owners(parent: str) -> list[str]:
                 follow_symlinks=False
             ):
                 continue
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue  # not one we could have made: someone else's, left alone
             tag = entry.name[len("wmrl-sandbox-") :].rsplit("-", 1)[0]
             if linux.owner_alive(tag) is False:
                 shutil.rmtree(entry.path, ignore_errors=True)

@@ -180,11 +180,24 @@ class UidBlock:
         import fcntl
 
         lock_dir = Path(tempfile.gettempdir()) / f"wmrl-sandbox-uids-{os.geteuid()}"
-        lock_dir.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            lock_dir.mkdir(mode=0o700)
+        # Someone else's directory there (a sandbox script may write to /tmp in rlimits mode)
+        # could hold every lock, or plant symlinks for us to open: refuse it.
+        info = os.lstat(lock_dir)
+        if (
+            not stat.S_ISDIR(info.st_mode)
+            or info.st_uid != os.geteuid()
+            or stat.S_IMODE(info.st_mode) & 0o077
+        ):
+            raise RuntimeError(
+                f"{lock_dir} is not a private directory of uid {os.geteuid()}: remove it"
+            )
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
         start = (os.getpid() * 7919 + next(_pool_counter)) % UID_BLOCKS
         for i in range(UID_BLOCKS):
             block = (start + i) % UID_BLOCKS
-            fd = os.open(lock_dir / f"{block}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(lock_dir / f"{block}.lock", flags, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
