@@ -76,10 +76,13 @@ def execute_corpus(
                 plan.append((task, i, spec, source))
     if not plan:
         return log_path
-    pool = make_executor(executor_config, workers=workers, time_limit_cap_s=0)  # tasks' limits
+    # Keyed by (task, index): a resumed build executes the rest with the seeds they would
+    # have had in one go.
+    pool = make_executor(executor_config, workers=workers, time_limit_cap_s=0, seed=seed)
     with pool, open(log_path, "a") as log:
         futures = {
-            pool.submit(task, source): (task, i, spec, source) for task, i, spec, source in plan
+            pool.submit(task, source, key=f"{task.id}/{i}"): (task, i, spec, source)
+            for task, i, spec, source in plan
         }
         bar = tqdm(total=len(plan), desc="executing", disable=not progress)
         for fut in pool.as_completed(futures):

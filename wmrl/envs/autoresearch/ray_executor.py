@@ -156,8 +156,10 @@ class NodePool:
                 self._tasks[key] = task
             return task
 
-    def execute(self, key: str, box: list, source: bytes) -> ExecutionResult:
-        return self.pool.submit(self._task(key, box), source).result()
+    def execute(
+        self, key: str, box: list, source: bytes, exec_key: str | None = None
+    ) -> ExecutionResult:
+        return self.pool.submit(self._task(key, box), source, key=exec_key).result()
 
     def attack_surface(self) -> dict:
         """What a sandboxed script on this node must not reach (for the containment test)."""
@@ -203,6 +205,7 @@ class _Job:
     key: str
     source: bytes
     future: cf.Future
+    exec_key: str | None = None  # the execution's seed key (SandboxPool.submit's `key`)
     nodes: list = dataclasses.field(default_factory=list)  # node ids tried, in order
     errors: list = dataclasses.field(default_factory=list)  # infrastructure failures
     t0: float = dataclasses.field(default_factory=time.monotonic)
@@ -354,14 +357,14 @@ class RayExecutor:
 
     # -- public API (SandboxPool's) ------------------------------------------------------------
 
-    def submit(self, task: Task, script: str | bytes) -> cf.Future:
-        """Queue one execution; the future resolves to an ExecutionResult (never raises)."""
+    def submit(self, task: Task, script: str | bytes, key: str | None = None) -> cf.Future:
+        """Queue one execution; the future resolves to an ExecutionResult (never raises).
+        `key` seeds the execution on its node as in `SandboxPool.submit`."""
         if self._closed:
             raise RuntimeError("RayExecutor is closed")
         source = script.encode("utf-8") if isinstance(script, str) else bytes(script)
-        key = self._blob(task)[0]
         fut: cf.Future = cf.Future()
-        job = _Job(task, key, source, fut)
+        job = _Job(task, self._blob(task)[0], source, fut, exec_key=key)
         self._jobs[fut] = job
         with self._lock:
             self._pending += 1
@@ -375,8 +378,8 @@ class RayExecutor:
     def as_completed(futures: Iterable[cf.Future]) -> Iterator[cf.Future]:
         return cf.as_completed(list(futures))
 
-    def run(self, task: Task, script: str | bytes) -> ExecutionResult:
-        return self.submit(task, script).result()
+    def run(self, task: Task, script: str | bytes, key: str | None = None) -> ExecutionResult:
+        return self.submit(task, script, key).result()
 
     def free_slots(self) -> int:
         """The cluster's slots (alive nodes) not taken by running or queued executions."""
@@ -460,7 +463,9 @@ class RayExecutor:
             job = self._waiting.popleft()
             job.nodes.append(node.node_id)
             try:
-                ref = node.actor.execute.remote(job.key, [self._blob(job.task)[1]], job.source)
+                ref = node.actor.execute.remote(
+                    job.key, [self._blob(job.task)[1]], job.source, job.exec_key
+                )
                 done = ref.future()
             except Exception as e:  # Ray itself failed us here: this node is of no use now
                 node.alive = False
