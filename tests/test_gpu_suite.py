@@ -1,0 +1,87 @@
+"""The GPU suite's CPU dry run end to end (every part in its own process, one JSON), a failing
+part recorded while the others still run, the launcher."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.rl_fixtures import TINY
+from wmrl.benchmarks import gpu_suite
+from wmrl.tools import prepare_gpu_artefacts as prep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _suite(out_dir, artefacts, *flags) -> dict:
+    cmd = [sys.executable, "-m", "wmrl.benchmarks.gpu_suite", f"--out_dir={out_dir}",
+           f"--artefacts={artefacts}", "--dry_run", "--total_budget_s=900", *flags]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((Path(out_dir) / gpu_suite.JSON_NAME).read_text())
+
+
+def test_dry_run_settings_are_the_trainer_tests_tiny_ones():
+    """So the dry run loads the stages the test session built (`rl_shared`)."""
+    assert prep.DRY_RUN_RL == TINY
+
+
+def test_dry_run_writes_every_part_from_the_carried_stages(rl_shared, tmp_path):
+    artefacts = rl_shared[0].parent  # <root>/data and <root>/init, as prepare lays them out
+    built = prep.build(artefacts, dry_run=True, progress=False)
+    assert not prep.missing_stages(artefacts) and built["total_mib"] < 64
+    report = _suite(tmp_path / "out", artefacts)
+    names = [p.name for p in gpu_suite.parts(dry_run=True)]
+    assert list(report["parts"]) == names
+    failed = {n: e.get("error") for n, e in report["parts"].items() if not e["ok"]}
+    assert not failed, failed
+    assert report["suite"]["dry_run"] and report["install"] is None
+    parts = {n: e["result"] for n, e in report["parts"].items()}
+    assert parts["env"]["backend"] == "cpu" and "jax" in parts["env"]["versions"]
+    check = parts["logits_check"]
+    assert check["ok"] and check["float32_xla"]["max_abs_diff"] <= 1e-4
+    assert check["bfloat16_xla"]["max_abs_diff_vs_cpu_float32"] > 0  # bf16 really ran
+    step = parts["train_step_tiny_dpa"]
+    assert step["attention_impl"] == "dot_product_attention"
+    peak = gpu_suite.H200_BF16_PEAK * step["num_devices"]
+    assert step["mfu"] == pytest.approx(step["achieved_flops_per_s"] / peak)
+    tokens = step["batch_size"] * step["seq_len"]
+    assert step["tokens_per_s"] == pytest.approx(tokens / step["step_s"])
+    rl = parts["wmrl_steps"]
+    assert rl["steps"] == 2 and rl["stages_reused"] and rl["device"] == "cpu"
+    assert [s["step"] for s in rl["per_step"]] == [1, 2]
+    # B = 2 groups of G = 2, one anchor group per step: 2 real executions per step.
+    assert rl["real_executions"] == 4 and rl["wm_calls"] == 8
+    roll = parts["rollout_tiny"]
+    assert roll["outputs_match"] and roll["time_to_first_token_s"] < roll["jitted_s"]
+
+
+def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path):
+    """Artefacts without the reference logits: logits_check fails with the error, env runs."""
+    report = _suite(tmp_path / "out", tmp_path / "empty", "--parts=logits_check,env")
+    check, env = report["parts"]["logits_check"], report["parts"]["env"]
+    assert not check["ok"] and "reference_logits.npz" in check["error"]
+    assert env["ok"] and env["result"]["backend"] == "cpu"
+
+
+def test_unknown_part_is_a_clear_error():
+    with pytest.raises(SystemExit):
+        gpu_suite.parse(["--out_dir=o", "--artefacts=a", "--parts=train_step_2b"])
+
+
+def test_launcher_dry_run_prints_the_command_with_absolute_paths(tmp_path):
+    script = ROOT / "launch" / "gpu_suite.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "--dry_run", "w", "a", "o", "--", "--parts=env"],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHON": "py"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        f"+ cd {ROOT} && py -m wmrl.benchmarks.gpu_suite --wheels={tmp_path}/w "
+        f"--artefacts={tmp_path}/a --out_dir={tmp_path}/o --parts=env"
+    )
+    bad = subprocess.run(["bash", str(script), "w"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "expected WHEELS ARTEFACTS OUT_DIR" in bad.stderr
