@@ -1,5 +1,5 @@
 """The GPU suite's CPU dry run end to end (every part in its own process, one JSON), a failing
-part recorded while the others still run, the launcher."""
+part recorded while the others still run, the wheel helper's requirement lines, the launcher."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import pytest
 
 from tests.rl_fixtures import TINY
 from wmrl.benchmarks import gpu_suite
+from wmrl.tools import gpu_wheels
 from wmrl.tools import prepare_gpu_artefacts as prep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,6 +71,16 @@ def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path):
 def test_unknown_part_is_a_clear_error():
     with pytest.raises(SystemExit):
         gpu_suite.parse(["--out_dir=o", "--artefacts=a", "--parts=train_step_2b"])
+
+
+def test_wheel_requirements_come_from_requirements_txt():
+    lines = gpu_wheels.requirement_lines()
+    by_name = {gpu_wheels.canonical(line.split("[")[0].split(">")[0]): line for line in lines}
+    assert set(by_name) == {gpu_wheels.canonical(n) for n in gpu_wheels.NEEDED}
+    assert by_name["flax"] == "flax>=0.12.8,<0.13"
+    assert by_name["etils"].startswith("etils[epath]")
+    kept = set(gpu_wheels.ON_DEVICE) - set(gpu_wheels.CARRY_ANYWAY)
+    assert "jax" in kept and "flax" not in kept  # carried: pinned by us, small
 
 
 def test_launcher_dry_run_prints_the_command_with_absolute_paths(tmp_path):
