@@ -30,17 +30,22 @@ def test_dry_run_settings_are_the_trainer_tests_tiny_ones():
     assert prep.DRY_RUN_RL == TINY
 
 
-def test_dry_run_writes_every_part_from_the_carried_stages(rl_shared, tmp_path):
-    artefacts = rl_shared[0].parent  # <root>/data and <root>/init, as prepare lays them out
-    built = prep.build(artefacts, dry_run=True, progress=False)
-    assert not prep.missing_stages(artefacts) and built["total_mib"] < 64
-    report = _suite(tmp_path / "out", artefacts)
-    names = [p.name for p in gpu_suite.parts(dry_run=True)]
-    assert list(report["parts"]) == names
+def _dry_run(artefacts, out_dir, parts: list[str]) -> dict:
+    """Run the named parts of the dry run, check each succeeded; returns {part: result}."""
+    report = _suite(out_dir, artefacts, f"--parts={','.join(parts)}")
+    assert list(report["parts"]) == parts
     failed = {n: e.get("error") for n, e in report["parts"].items() if not e["ok"]}
     assert not failed, failed
     assert report["suite"]["dry_run"] and report["install"] is None
-    parts = {n: e["result"] for n, e in report["parts"].items()}
+    return {n: e["result"] for n, e in report["parts"].items()}
+
+
+def test_dry_run_of_every_part_but_the_rl_steps(tmp_path):
+    """Without the RL stages, the artefacts need only the reference logits."""
+    (tmp_path / "art").mkdir()
+    prep.write_reference_logits(tmp_path / "art" / prep.LOGITS_NAME)
+    names = [p.name for p in gpu_suite.parts(dry_run=True) if p.name != "wmrl_steps"]
+    parts = _dry_run(tmp_path / "art", tmp_path / "out", names)
     assert parts["env"]["backend"] == "cpu" and "jax" in parts["env"]["versions"]
     check = parts["logits_check"]
     assert check["ok"] and check["float32_xla"]["max_abs_diff"] <= 1e-4
@@ -51,13 +56,22 @@ def test_dry_run_writes_every_part_from_the_carried_stages(rl_shared, tmp_path):
     assert step["mfu"] == pytest.approx(step["achieved_flops_per_s"] / peak)
     tokens = step["batch_size"] * step["seq_len"]
     assert step["tokens_per_s"] == pytest.approx(tokens / step["step_s"])
-    rl = parts["wmrl_steps"]
+    roll = parts["rollout_tiny"]
+    assert roll["outputs_match"] and roll["time_to_first_token_s"] < roll["jitted_s"]
+
+
+@pytest.mark.slow
+def test_dry_run_of_the_whole_suite(rl_shared, tmp_path):
+    """Every part, the RL steps from the carried stages included (~90 s on two idle cores)."""
+    artefacts = rl_shared[0].parent  # <root>/data and <root>/init, as prepare lays them out
+    built = prep.build(artefacts, dry_run=True, progress=False)
+    assert not prep.missing_stages(artefacts) and built["total_mib"] < 64
+    names = [p.name for p in gpu_suite.parts(dry_run=True)]
+    rl = _dry_run(artefacts, tmp_path / "out", names)["wmrl_steps"]
     assert rl["steps"] == 2 and rl["stages_reused"] and rl["device"] == "cpu"
     assert [s["step"] for s in rl["per_step"]] == [1, 2]
     # B = 2 groups of G = 2, one anchor group per step: 2 real executions per step.
     assert rl["real_executions"] == 4 and rl["wm_calls"] == 8
-    roll = parts["rollout_tiny"]
-    assert roll["outputs_match"] and roll["time_to_first_token_s"] < roll["jitted_s"]
 
 
 def test_a_failing_part_is_recorded_and_the_others_still_run(tmp_path):

@@ -187,7 +187,12 @@ def compare_logits(artefacts: Path) -> dict:
     ok = True
     for dtype, impl in cases:
         expected = ref[f"logits/{dtype}"][mask]
-        got = _logits(_tiny_model(dtype, impl, params), tokens, mask)[mask]
+        try:  # one kernel failing (cuDNN refusing a shape, say) leaves the other cases
+            got = _logits(_tiny_model(dtype, impl, params), tokens, mask)[mask]
+        except Exception as e:
+            out[f"{dtype}_{impl}"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
+            ok = False
+            continue
         scale = float(np.abs(expected).max())
         err = float(np.abs(got - expected).max())
         vs_fp32 = float(np.abs(got - ref["logits/float32"][mask]).max())
