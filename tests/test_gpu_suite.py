@@ -110,3 +110,20 @@ def test_launcher_dry_run_prints_the_command_with_absolute_paths(tmp_path):
     )
     bad = subprocess.run(["bash", str(script), "w"], capture_output=True, text=True)
     assert bad.returncode == 2 and "expected WHEELS ARTEFACTS OUT_DIR" in bad.stderr
+
+
+def test_packed_artefacts_unpack_to_the_built_folders(tmp_path):
+    built = tmp_path / "built"
+    for rel, text in (("data/suite/suite.json", "[]"), ("init/warmstart/done.json", "{}")):
+        (built / rel).parent.mkdir(parents=True)
+        (built / rel).write_text(text)
+    (built / prep.LOGITS_NAME).write_bytes(b"npz")
+    sizes = prep.pack(built, tmp_path / "carry")
+    assert set(sizes) == {prep.ARCHIVE_NAME, prep.LOGITS_NAME}
+    assert not (tmp_path / "carry" / "data").exists()  # only the archive travels
+    where = prep.unpack(tmp_path / "carry", tmp_path / "unpacked")
+    assert where == tmp_path / "unpacked"
+    assert (where / "data/suite/suite.json").read_text() == "[]"
+    assert (where / "init/warmstart/done.json").read_text() == "{}"
+    assert (where / prep.LOGITS_NAME).read_bytes() == b"npz"
+    assert prep.unpack(built, tmp_path / "elsewhere") == built  # a built folder is used as is

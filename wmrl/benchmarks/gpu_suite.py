@@ -21,7 +21,8 @@ in order of priority (the first ones are what the session exists for):
                   first token, at a batch an RL step would sample
 
 `OUT/gpu_suite.json` is rewritten after every part: {"suite": what ran where, "install": the
-offline install, "parts": {name: {"ok", "seconds", "budget_s", "result" | "error"}}}. A part
+offline install, "unpack": where the packed artefacts were unpacked, "parts": {name: {"ok",
+"seconds", "budget_s", "result" | "error"}}}. A part
 not started because the total budget ran out is recorded with `"skipped"`. `--dry_run` (same
 as `--platform=cpu`) runs every part on CPU with tiny configs and artefacts from
 `wmrl.tools.prepare_gpu_artefacts --dry_run`; the fast test suite runs it.
@@ -279,6 +280,7 @@ def drive(opts) -> dict:
             "command": " ".join(sys.argv),
         },
         "install": None,
+        "unpack": None,
         "parts": {},
     }
     path = out_dir / JSON_NAME
@@ -297,6 +299,19 @@ def drive(opts) -> dict:
             paths.append(str(site))
         except Exception as e:
             report["install"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    artefacts = Path(opts.artefacts)
+    try:  # a packed artefacts folder (prepare_gpu_artefacts --pack) is unpacked once, here
+        from wmrl.tools.prepare_gpu_artefacts import unpack
+
+        t0 = time.monotonic()
+        artefacts = unpack(artefacts, out_dir / "artefacts")
+        report["unpack"] = {
+            "ok": True,
+            "artefacts": str(artefacts),
+            "seconds": time.monotonic() - t0,
+        }
+    except Exception as e:
+        report["unpack"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     save()
     python = sys.executable
     pythonpath = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH", "")]))
@@ -317,7 +332,7 @@ def drive(opts) -> dict:
         part_out = out_dir / f"part_{part.name}.json"
         log = out_dir / f"part_{part.name}.log"
         cmd = [python, "-m", "wmrl.benchmarks.gpu_suite", f"--part={part.name}",
-               f"--part_out={part_out}", f"--out_dir={out_dir}", f"--artefacts={opts.artefacts}",
+               f"--part_out={part_out}", f"--out_dir={out_dir}", f"--artefacts={artefacts}",
                f"--peak_flops={opts.peak_flops}"]  # fmt: skip
         if opts.dry_run:
             cmd.append("--dry_run")

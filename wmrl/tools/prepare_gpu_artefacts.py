@@ -1,7 +1,7 @@
 """Build on CPU what `wmrl.benchmarks.gpu_suite` starts from, so nothing is rebuilt on the GPU.
 
-  python -m wmrl.tools.prepare_gpu_artefacts --out=/tmp/wmrl-gpu/artefacts
-  python -m wmrl.tools.prepare_gpu_artefacts --out=/tmp/wmrl-gpu/artefacts --dry_run
+  python -m wmrl.tools.prepare_gpu_artefacts --out=/tmp/wmrl-gpu-build --pack=.gpu/artefacts
+  python -m wmrl.tools.prepare_gpu_artefacts --out=/tmp/wmrl-gpu-dry --dry_run
 
 OUT/data   the data stage of configs/autoresearch_tiny.py (task suite, executed corpus,
            tokenizer): its `data_dir`
@@ -11,18 +11,23 @@ OUT/reference_logits.npz   the tiny model's parameters, a left- and right-padded
 
 `--dry_run` builds the tiny test setting instead (tests/rl_fixtures.py's sizes, 2 tasks) for
 the suite's own CPU test. Rerunning reuses what is already built (each stage is resumable).
-The folder must stay small enough to carry to the device machine with the wheels (64 MiB in
-all); the sizes are printed.
+The built folder is too large to carry (the suite's CSVs of the large-n tasks: ~56 MiB of
+~62), so `--pack=DIR` writes what travels: DIR/stages.tar.gz (data + init, gzip: ~30 MiB)
+and DIR/reference_logits.npz; the suite unpacks the archive on the device machine. The sizes
+are printed; with the wheels they must stay under the carry limit (64 MiB in all).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGITS_NAME = "reference_logits.npz"
+ARCHIVE_NAME = "stages.tar.gz"
 # The tiny AutoResearch setting of the trainer tests (tests/rl_fixtures.py TINY; a test checks
 # they are equal, so the dry run reuses the stages the test session already built).
 DRY_RUN_RL = {
@@ -226,9 +231,39 @@ def build(out: Path, dry_run: bool, progress: bool = True) -> dict:
     return {"stages_s": s.seconds, "mib": sizes, "total_mib": folder_mib(out)}
 
 
+def pack(built: Path, dest: Path) -> dict:
+    """`dest`/stages.tar.gz (the built data and init folders) and the reference logits: the
+    folder to carry. Returns the sizes in MiB."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = dest / (ARCHIVE_NAME + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for name in ("data", "init"):
+            tar.add(Path(built) / name, arcname=name)
+    os.replace(tmp, dest / ARCHIVE_NAME)
+    shutil.copy2(Path(built) / LOGITS_NAME, dest / LOGITS_NAME)
+    return {n: (dest / n).stat().st_size / 2**20 for n in (ARCHIVE_NAME, LOGITS_NAME)}
+
+
+def unpack(artefacts: Path, dest: Path) -> Path:
+    """Where the parts find data/, init/ and the logits: `artefacts` itself when it holds the
+    built folders, else `dest` with the archive extracted into it (done once)."""
+    artefacts = Path(artefacts)
+    if not (artefacts / ARCHIVE_NAME).exists() or (artefacts / "data").exists():
+        return artefacts
+    dest = Path(dest)
+    if not (dest / LOGITS_NAME).exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(artefacts / ARCHIVE_NAME) as tar:
+            tar.extractall(dest, filter="data")
+        shutil.copy2(artefacts / LOGITS_NAME, dest / LOGITS_NAME)
+    return dest
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m wmrl.tools.prepare_gpu_artefacts")
     p.add_argument("--out", required=True, help="the artefacts folder to build (or complete)")
+    p.add_argument("--pack", default="", help="write the folder to carry here (archive + logits)")
     p.add_argument("--dry_run", action="store_true", help="the tiny test setting")
     opts = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -236,6 +271,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, mib in report["mib"].items():
         print(f"  {name:<24} {mib:8.2f} MiB")
     print(f"  {'total':<24} {report['total_mib']:8.2f} MiB (stages {report['stages_s']:.0f} s)")
+    if opts.pack:
+        sizes = pack(Path(opts.out), Path(opts.pack))
+        shown = ", ".join(f"{n} {m:.2f} MiB" for n, m in sizes.items())
+        print(f"carry {opts.pack}: {shown}")
 
 
 if __name__ == "__main__":
