@@ -18,8 +18,9 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	touch $@
 
 # Test-only reference implementations (torch, transformers) for the checkpoint parity tests.
-$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt requirements-ray.txt
 	$(PY) -m pip install -q -r requirements-test.txt
+	$(PY) -m pip install -q -r requirements-ray.txt
 	touch $@
 
 setup: $(VENV)/.installed

@@ -44,7 +44,11 @@ def get_config() -> ml_collections.ConfigDict:
         "breast-cancer-missing", "wine-noisy-labels", "diabetes-mae", "moons", "circles-auc",
         "heldout-categorical-missing", "heldout-gaussian-quantiles", "heldout-imbalanced-missing",
     )  # fmt: skip
-    c.suite.workers = 2  # sandbox slots (same for every mode)
+    c.suite.workers = 2  # sandbox slots (same for every mode); per node with executor=ray
+    # Where sandboxes run (docs/ray.md): "local" (this host) | "ray" (one pool per Ray node).
+    c.suite.executor = "local"
+    c.suite.ray_address = "auto"  # "auto" | "local" (start one here) | "ray://host:port"
+    c.suite.allow_mixed_isolation = False  # executor=ray: accept nodes at the rlimits level
     c.suite.time_limit_s = 20.0  # caps each task's own time limit (s)
 
     c.data = ml_collections.ConfigDict()
@@ -85,6 +89,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.wm.pretrain_steps = 200
     c.wm.batch_size = 16
     c.wm.learning_rate = 1e-3
+    c.wm.rank_coef = 0.0  # within-task pairwise ranking loss beside the NLL (0 = NLL only)
+    c.wm.trunk_from_policy = False  # WM trunk = the warm-started policy's (its width, weights)
+    c.wm.validation_every = 0  # k > 0: every k-th script of a train task is held out (report)
+    c.wm.group_rows = 1  # pretraining batches of tasks x this many of their scripts (1 = rows)
     c.wm.online_learning_rate = 3e-4
     c.wm.online_steps = 2  # WM fine-tuning steps per RL step, on the replay of real outcomes
     c.wm.replay_size = 512
@@ -111,12 +119,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.learning_rate = 2e-4
     c.rl.clip_eps = 0.2
     c.rl.kl_coef = 0.05
+    c.rl.entropy_coef = 0.0  # entropy bonus in the policy loss (0 = off)
     c.rl.temperature = 0.7  # sampling (train and eval); log-probs are the untempered policy's
     # Dr.GRPO (no division by the group's std): a group whose WM scores barely differ gives
     # small advantages instead of unit-variance noise. With std division, calibrated WM scores
     # of a weak WM (nearly constant within a group) were blown up to +-1 and the policy
     # drifted into malformed scripts within 20 steps.
     c.rl.normalize_std = False
+    c.rl.std_eps = 1e-4  # added to a group's std when normalize_std (the paper's reference)
     c.rl.baseline = "mean"  # or "rloo"
     c.rl.eval_every = 5
     # Also evaluate whenever training wall-clock passes a multiple of this (0 = off), and at

@@ -61,6 +61,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.debias.min_count = 8
     c.debias.capacity = 2000
     c.debias.num_bins = 10
+    c.debias.bin_spacing = "equal_width"  # or "equal_mass" (quantiles of the window's scores)
+    c.debias.min_slope = 0.05  # the map's blend with the identity: strictly increasing
     c.debias.min_pairs = 200
     c.debias.refit_every = 64
     c.debias.reward_range = (-0.5, 1.5)

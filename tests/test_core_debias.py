@@ -21,44 +21,95 @@ def test_isotonic_equals_bruteforce_pav(seed):
 
 
 def test_binned_fit_matches_numpy_bins_then_pav():
-    cfg = debias.DebiasConfig(num_bins=10, min_pairs=0)
+    cfg = debias.DebiasConfig(num_bins=10, min_pairs=0, min_slope=0.0)
     rng = np.random.default_rng(0)
     x = rng.uniform(size=400)
     y = np.clip(np.sqrt(x) + 0.3 * rng.normal(size=400), 0, 1)
     x[x > 0.7] = x[x > 0.7] * 0.0 + 0.65  # empty bins 7..9
-    vals, filled = debias.fit_monotone_map(jnp.asarray(x), jnp.asarray(y), jnp.ones(400), cfg)
+    bx, vals, filled = debias.fit_monotone_map(jnp.asarray(x), jnp.asarray(y), jnp.ones(400), cfg)
     idx = np.minimum((x * 10).astype(int), 9)
     counts = np.bincount(idx, minlength=10)
     means = np.bincount(idx, weights=y, minlength=10) / np.maximum(counts, 1)
+    xmeans = np.bincount(idx, weights=x, minlength=10) / np.maximum(counts, 1)
     keep = counts > 0
     np.testing.assert_array_equal(np.asarray(filled), keep)
+    np.testing.assert_allclose(np.asarray(bx)[keep], xmeans[keep], rtol=1e-5)
     np.testing.assert_allclose(
         np.asarray(vals)[keep], pav_reference(means[keep], counts[keep]), rtol=1e-4, atol=1e-5
     )
-    # interpolation between filled centres, constant beyond the last filled bin
-    q = np.array([0.05, 0.1, 0.95])
-    out = np.asarray(debias.apply_monotone_map(jnp.asarray(q), vals, filled, cfg))
-    v = np.asarray(vals)
+    # interpolation between the filled bins' mean WM scores, constant beyond the end points
+    v, xm = np.asarray(vals), xmeans
+    q = np.array([xm[0] - 0.01, 0.5 * (xm[0] + xm[1]), 0.95])
+    out = np.asarray(debias.apply_monotone_map(jnp.asarray(q), bx, vals, filled, cfg))
     np.testing.assert_allclose(out[0], v[0], rtol=1e-5)
     np.testing.assert_allclose(out[1], 0.5 * (v[0] + v[1]), rtol=1e-5)
     np.testing.assert_allclose(out[2], v[6], rtol=1e-5)
 
 
-def test_monotone_map_never_reorders_a_group():
-    cfg = debias.DebiasConfig(min_pairs=50, refit_every=10, capacity=500)
+def _fitted_map(x, y, **kwargs):
+    cfg = debias.DebiasConfig(min_pairs=1, refit_every=1, capacity=len(x), **kwargs)
+    st = debias.update_monotone_map(
+        debias.init_monotone_map(cfg), jnp.asarray(x), jnp.asarray(y), jnp.ones(len(x), bool), cfg
+    )
+    return st, cfg
+
+
+def _apply(st, cfg, r):
+    return np.asarray(
+        debias.apply_monotone_map(jnp.asarray(r), st.bin_x, st.bin_values, st.bin_filled, cfg)
+    )
+
+
+@pytest.mark.parametrize("spacing", ["equal_width", "equal_mass"])
+def test_monotone_map_never_reorders_nor_ties_a_group(spacing):
+    """Strictly increasing: distinct WM scores stay distinct, in the same order, also in flat
+    PAV segments and beyond the end points."""
     rng = np.random.default_rng(4)
-    st = debias.init_monotone_map(cfg)
     x = rng.uniform(size=300)
     y = np.clip(x**3 + 0.2 * rng.normal(size=300), 0, 1)
-    st = debias.update_monotone_map(st, jnp.asarray(x), jnp.asarray(y), jnp.ones(300, bool), cfg)
+    y[(x > 0.3) & (x < 0.6)] = 0.4  # a flat stretch: PAV pools it
+    st, cfg = _fitted_map(x, y, bin_spacing=spacing)
     assert bool(st.fitted)
     for _ in range(20):
         g = rng.uniform(-0.2, 1.2, size=8)
-        out = np.asarray(
-            debias.apply_monotone_map(jnp.asarray(g), st.bin_values, st.bin_filled, cfg)
-        )
+        out = _apply(st, cfg, g)
         order = np.argsort(g)
-        assert np.all(np.diff(out[order]) >= -1e-6)
+        assert np.all(np.diff(out[order]) >= cfg.min_slope * np.diff(g[order]) * (1 - 1e-4))
+        assert np.all(np.diff(out[order]) > 0)
+
+
+def test_no_collapse_when_every_pair_sits_in_one_equal_width_bin():
+    """The measured failure: WM scores inside one bin. Equal-width bins leave the map at the
+    identity (one point defines no map); equal-mass bins split the window and fit."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.41, 0.49, size=400)
+    y = np.clip(8 * (x - 0.41) + 0.1 * rng.normal(size=400), 0, 1)
+    group = np.linspace(0.42, 0.48, 8)
+    st, cfg = _fitted_map(x, y, bin_spacing="equal_width")
+    assert not bool(st.fitted)
+    full = debias.DebiasState(keyed=debias.init_keyed_offsets(cfg), monotone=st)
+    np.testing.assert_allclose(debias.apply_debias(full, jnp.asarray(group), None, cfg), group)
+    st, cfg = _fitted_map(x, y, bin_spacing="equal_mass")
+    assert bool(st.fitted) and int(st.bin_filled.sum()) == cfg.num_bins
+    out = _apply(st, cfg, group)
+    assert np.all(np.diff(out) > 0)
+    assert out[-1] - out[0] > 10 * (group[-1] - group[0]) * 0.5  # the slope is learned (~8)
+
+
+@pytest.mark.parametrize("spacing", ["equal_width", "equal_mass"])
+@pytest.mark.parametrize("seed", range(3))
+def test_fit_equals_independent_numpy_reference_formula(spacing, seed):
+    from wmrl.bandits.numpy_reference import monotone_apply, monotone_fit
+
+    rng = np.random.default_rng(seed)
+    n = 250
+    x = rng.beta(2, 5, size=n)
+    y = np.clip(np.sin(3 * x) + 0.3 * rng.normal(size=n), 0, 1)
+    st, cfg = _fitted_map(x, y, bin_spacing=spacing, min_slope=0.1)
+    xs, ys = monotone_fit(np.stack([x, y], 1), cfg)
+    np.testing.assert_allclose(np.asarray(st.bin_x)[np.asarray(st.bin_filled)], xs, rtol=2e-5)
+    q = rng.uniform(-0.1, 1.1, size=64)
+    np.testing.assert_allclose(_apply(st, cfg, q), monotone_apply(q, xs, ys, cfg), atol=2e-5)
 
 
 def test_identity_until_min_pairs_then_refit_every_k():
@@ -164,6 +215,9 @@ def test_diagnostic_and_constant_offsets_cancel_in_groups():
         ({"num_bins": 0}, "num_bins"),
         ({"reward_range": (1.0, 0.0)}, "reward_range"),
         ({"half_life": -1.0}, "half_life"),
+        ({"bin_spacing": "quantile"}, "bin_spacing"),
+        ({"min_slope": 1.0}, "min_slope"),
+        ({"min_slope": float("nan")}, "min_slope"),
     ],
 )
 def test_config_errors_name_field(kwargs, field):
@@ -181,11 +235,12 @@ def test_incremental_bins_equal_a_fresh_fit_of_the_window():
         v = rng.uniform(size=8) < 0.8
         st = upd(st, jnp.asarray(x), jnp.asarray(x**2), jnp.asarray(v))
     stored = np.arange(37) < int(st.size)
-    vals, filled = debias.fit_monotone_map(st.wm, st.env, jnp.asarray(stored), cfg)
+    bx, vals, filled = debias.fit_monotone_map(st.wm, st.env, jnp.asarray(stored), cfg)
     np.testing.assert_array_equal(st.bin_filled, filled)
     np.testing.assert_allclose(
         np.asarray(st.bin_values)[filled], np.asarray(vals)[filled], rtol=1e-4, atol=1e-5
     )
+    np.testing.assert_allclose(np.asarray(st.bin_x)[filled], np.asarray(bx)[filled], atol=1e-5)
 
 
 @pytest.mark.parametrize("rule", ["window", "ema"])

@@ -280,3 +280,48 @@ def test_policy_loss_with_prompt_logits_skipped_has_the_same_loss_and_gradients(
         for k in m0:
             np.testing.assert_allclose(m1[k][0], m0[k][0], rtol=1e-5, atol=1e-5)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g1, g0)
+
+
+def test_entropy_bonus_gradient_and_the_rl_config_reaching_it():
+    """With `entropy_coef` c the loss is the plain loss minus c x the masked mean next-token
+    entropy (computed here independently from the logits), gradients likewise; the trainer's
+    loss config takes `rl.entropy_coef` from the config."""
+    from configs.autoresearch_tiny import get_config
+    from wmrl.models.train_steps import PolicyLossConfig, policy_loss_fn
+    from wmrl.rl.models import policy_loss_config
+
+    model = Transformer(CFG, rngs=nnx.Rngs(2))
+    rng = np.random.default_rng(1)
+    B, T = 2, 7
+    tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, (B, T)))
+    loss_mask = jnp.asarray(np.array([[0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 0]], np.float32))
+    batch = {
+        "tokens": tokens, "input_mask": jnp.ones((B, T), bool), "loss_mask": loss_mask,
+        "old_logp": jnp.full((B, T), -2.0), "ref_logp": jnp.full((B, T), -2.0),
+        "advantages": jnp.asarray([0.5, -1.0]),
+    }  # fmt: skip
+    n = float(loss_mask.sum())
+
+    def entropy_mean(m):
+        ones = jnp.ones((B, T), bool)
+        logits, _ = m(tokens, positions_from_mask(ones), causal_padding_mask(ones))
+        logits = logits[:, :-1].astype(jnp.float32)
+        p = jax.nn.softmax(logits, -1)
+        ent = -jnp.sum(p * jnp.log(p), -1)  # predicts tokens 1..T-1
+        return jnp.sum(ent * loss_mask[:, 1:]) / n
+
+    c = 0.3
+    plain = policy_loss_fn(PolicyLossConfig())
+    bonus = policy_loss_fn(PolicyLossConfig(entropy_coef=c))
+    l0, g0 = nnx.value_and_grad(lambda m: plain(m, batch, n)[0])(model)
+    l1, g1 = nnx.value_and_grad(lambda m: bonus(m, batch, n)[0])(model)
+    he, ge = nnx.value_and_grad(entropy_mean)(model)
+    np.testing.assert_allclose(float(l1), float(l0) - c * float(he), rtol=1e-5, atol=1e-6)
+    want = jax.tree.map(lambda a, b: a - c * b, nnx.to_pure_dict(g0), nnx.to_pure_dict(ge))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        nnx.to_pure_dict(g1), want,
+    )  # fmt: skip
+    config = get_config()
+    config.rl.entropy_coef = 0.02
+    assert policy_loss_config(config).entropy_coef == 0.02

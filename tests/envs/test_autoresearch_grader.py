@@ -224,3 +224,72 @@ def test_auc_submission_scores_probabilities(tmp_path):
     assert set(labels["label"]) == {0, 1}  # "no" < "yes": yes is class 1
     g = grade_submission(task, _write(tmp_path, labels.assign(label=labels["label"] * 0.9)))
     assert g.status == Status.VALID and g.score == 1.0 and g.percentile == 1.0
+
+
+def test_duplicated_required_column_is_named(task, tmp_path):
+    labels = pd.read_csv(task.labels_path)
+    path = tmp_path / "dup.csv"
+    rows = "".join(f"{i},{y},{y}\n" for i, y in zip(labels["id"], labels["label"], strict=True))
+    path.write_text("id,label,label\n" + rows)
+    g = grade_submission(task, path)
+    assert g.status == Status.INVALID_SUBMISSION
+    assert "'label' appears 2 times" in g.detail
+
+
+def test_non_ascii_digits_are_not_ids(task, tmp_path):
+    """float() reads "١٢" (Arabic-Indic digits) and "1_2" as 12: such strings must not
+    stand for the test set's ids."""
+    labels = pd.read_csv(task.labels_path)
+    arabic = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+    for spell in (lambda i: str(i).translate(arabic), lambda i: "_".join(str(i))):
+        sub = labels.assign(id=labels["id"].map(spell))
+        assert (sub["id"] != labels["id"].astype(str)).any()
+        g = grade_submission(task, _write(tmp_path, sub))
+        assert g.status == Status.INVALID_SUBMISSION and "ids do not match" in g.detail, g
+    g = grade_submission(task, _write(tmp_path, labels.assign(id=labels["id"].map(" {}.0".format))))
+    assert g.status == Status.VALID and g.score == 1.0  # ASCII spellings of the same number
+
+
+BOUNDED = """
+import json, resource, sys, time
+sys.path.insert(0, {tests!r})
+from autoresearch_fixtures import make_tiny_task
+from pathlib import Path
+from wmrl.envs.autoresearch.grader import grade_submission
+task = make_tiny_task(Path({root!r}) / "tiny")
+grade_submission(task, {honest!r})  # warm: labels cached, pandas paths loaded
+out = {{}}
+for name in ("wide", "long"):
+    rss0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+    g = grade_submission(task, Path({root!r}) / (name + ".csv"))
+    out[name] = [g.status.name, g.detail, time.monotonic() - t0,
+                 (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024]
+print(json.dumps(out))
+"""
+
+
+def test_grading_is_bounded_whatever_the_header(task, tmp_path):
+    """A 0.7 MB submission whose header has 100,000 columns (once 14 s and 526 MB of the
+    trainer) and a 16 MB header line (280 s, 8.2 GB): INVALID_SUBMISSION, fast, small."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    labels = pd.read_csv(task.labels_path)
+    rows = "".join(f"{i},{y}\n" for i, y in zip(labels["id"], labels["label"], strict=True))
+    (tmp_path / "wide.csv").write_text(
+        ",".join(f"c{i}" for i in range(100_000)) + ",id,label\n" + rows
+    )
+    (tmp_path / "long.csv").write_text("id,label," + "x" * (16 * 2**20) + "\n" + rows)
+    honest = _write(tmp_path, labels)
+    code = BOUNDED.format(tests=str(Path(__file__).parent), root=str(tmp_path), honest=str(honest))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, (status, detail, seconds, rss_growth_mb) in out.items():
+        assert status == "INVALID_SUBMISSION", (name, detail)
+        assert "header" in detail, (name, detail)
+        assert seconds < 2.0, (name, seconds)
+        assert rss_growth_mb < 100, (name, rss_growth_mb)

@@ -129,3 +129,139 @@ def test_run_cli_prints_one_json(tmp_path, request):
     assert p.returncode != 0 and "does not exist" in p.stderr
     p = _cli(["wmrl.envs.autoresearch.run", f"--task={tmp_path}", f"--script={script}"], root)
     assert p.returncode != 0 and "missing file task.json" in p.stderr
+
+
+def test_task_json_values_that_would_escape_or_ungrade(tmp_path):
+    """An id of "../../x" once put the sandbox's work dir outside its root; a NaN or
+    infinite time limit loaded, then every script was UNGRADED; "abc" gave a raw error."""
+    good = make_tiny_task(tmp_path / "good").root
+
+    def load_with(**kw):
+        d = tmp_path / f"t{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(good, d)
+        meta = json.loads((d / "task.json").read_text())
+        meta.update(kw)
+        (d / "task.json").write_text(json.dumps(meta))  # NaN and Infinity as JSON allows
+        with pytest.raises(TaskError) as e:
+            load_task(d)
+        return str(e.value)
+
+    for bad_id in ("../../x", "/tmp/x", "a/b", "", ".hidden", "١٢", "x" * 101, 7):
+        assert "task id" in load_with(id=bad_id), bad_id
+    for bad in (float("nan"), float("inf"), "abc", -1, 0, True, None):
+        assert "time_limit_s must be" in load_with(time_limit_s=bad), bad
+    for bad in (float("nan"), 1.5, "2048", -5, 0):
+        assert "memory_mb must be" in load_with(memory_mb=bad), bad
+    assert "id_column must be a column name" in load_with(id_column=3)
+    assert load_task(good).id == "good"
+    with pytest.raises(TaskError, match="task id"):
+        write_task(
+            tiny_classification_df(),
+            tmp_path / "w",
+            task_id="../w",
+            target="label",
+            metric="accuracy",
+        )
+    with pytest.raises(TaskError, match="time_limit_s"):
+        write_task(
+            tiny_classification_df(),
+            tmp_path / "w",
+            task_id="w",
+            target="label",
+            metric="accuracy",
+            time_limit_s=float("nan"),
+        )
+
+
+def test_write_task_refuses_to_delete_what_is_not_a_task(tmp_path):
+    df = tiny_classification_df()
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(TaskError, match="does not hold a task"):
+        write_task(df, precious, task_id="t", target="label", metric="accuracy")
+    assert (precious / "notes.txt").read_text() == "keep me"
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("keep me too")
+    with pytest.raises(TaskError, match="--overwrite"):
+        write_task(df, a_file, task_id="t", target="label", metric="accuracy")
+    assert a_file.read_text() == "keep me too"
+    # A task is replaced; an empty directory is used; --overwrite replaces anything.
+    task_dir = make_tiny_task(tmp_path / "task").root
+    (task_dir / "stale.txt").write_text("old")
+    write_task(df, task_dir, task_id="task", target="label", metric="accuracy")
+    assert not (task_dir / "stale.txt").exists() and (task_dir / "task.json").is_file()
+    (tmp_path / "empty").mkdir()
+    write_task(df, tmp_path / "empty", task_id="empty", target="label", metric="accuracy")
+    write_task(df, precious, task_id="t", target="label", metric="accuracy", overwrite=True)
+    assert not (precious / "notes.txt").exists() and (precious / "task.json").is_file()
+
+
+def test_existing_id_column(tmp_path):
+    """--id_column: the CSV's own id is the task's id column (no extra `id` feature)."""
+    df = tiny_classification_df().assign(customer=[f"c{i:03d}" for i in range(120)])
+    task = load_task(
+        write_task(
+            df,
+            tmp_path / "own",
+            task_id="own",
+            target="label",
+            metric="accuracy",
+            id_column="customer",
+        )
+    )
+    train = pd.read_csv(task.public_dir / "train.csv")
+    test = pd.read_csv(task.public_dir / "test.csv")
+    labels = pd.read_csv(task.labels_path)
+    assert task.id_column == "customer" and list(labels.columns) == ["customer", "label"]
+    assert "id" not in train.columns and "id" not in test.columns
+    assert sorted(train["customer"].tolist() + test["customer"].tolist()) == sorted(df["customer"])
+    by_id = df.set_index("customer")["label"]
+    assert (labels.set_index("customer")["label"] == by_id.loc[labels["customer"]]).all()
+    for bad, needle in (("nope", "absent"), ("label", "is the target"), ("colour", "unique")):
+        with pytest.raises(TaskError, match=needle):
+            write_task(
+                df,
+                tmp_path / "bad",
+                task_id="bad",
+                target="label",
+                metric="accuracy",
+                id_column=bad,
+            )
+
+
+def test_make_task_cli_bad_csv_files(tmp_path, request):
+    """Non-UTF-8, empty or header-only CSVs, and --out over a non-task directory: a one-line
+    error naming the problem, no traceback."""
+    root = str(request.config.rootpath)
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes(b"name,label\n" + "caf\xe9,1\n".encode("latin-1") * 20)
+    empty = tmp_path / "empty.csv"
+    empty.write_bytes(b"")
+    header = tmp_path / "header.csv"
+    header.write_text("a,label\n")
+    good = tmp_path / "good.csv"
+    tiny_classification_df().to_csv(good, index=False)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "keep.txt").write_text("x")
+    for csv, out, needle in (
+        (latin1, tmp_path / "o1", "is not UTF-8"),
+        (empty, tmp_path / "o2", "is empty"),
+        (header, tmp_path / "o3", "no rows"),
+        (good, notes, "does not hold a task"),
+        (good, tmp_path / "..bad", "task id"),
+    ):
+        p = _cli(
+            [
+                "wmrl.envs.autoresearch.make_task",
+                f"--csv={csv}",
+                "--target=label",
+                "--metric=accuracy",
+                f"--out={out}",
+            ],
+            root,
+        )
+        assert p.returncode != 0 and needle in p.stderr, (needle, p.stderr[-1500:])
+        assert "Traceback" not in p.stderr, p.stderr[-1500:]
+    assert (notes / "keep.txt").exists()

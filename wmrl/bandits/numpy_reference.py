@@ -41,19 +41,42 @@ class _MonotoneMap:
         if len(self.pairs) >= self.cfg.min_pairs and (
             self.xs is None or self.since_fit >= self.cfg.refit_every
         ):
-            lo, hi = self.cfg.reward_range
-            nb = self.cfg.num_bins
-            p = np.asarray(self.pairs)
-            idx = np.clip(np.floor((p[:, 0] - lo) / (hi - lo) * nb).astype(int), 0, nb - 1)
-            cnt = np.bincount(idx, minlength=nb)
-            means = np.bincount(idx, weights=p[:, 1], minlength=nb) / np.maximum(cnt, 1)
-            keep = cnt > 0
-            centres = lo + (hi - lo) / nb * (np.arange(nb) + 0.5)
-            self.xs, self.ys = centres[keep], pav(means[keep], cnt[keep])
-            self.since_fit = 0
+            fit = monotone_fit(np.asarray(self.pairs), self.cfg)
+            if fit is not None:
+                self.xs, self.ys = fit
+                self.since_fit = 0
 
     def __call__(self, r):
-        return r if self.xs is None else np.interp(r, self.xs, self.ys)
+        return r if self.xs is None else monotone_apply(r, self.xs, self.ys, self.cfg)
+
+
+def monotone_fit(pairs: np.ndarray, cfg) -> tuple[np.ndarray, np.ndarray] | None:
+    """The paper's binned isotonic fit: per filled bin the mean WM score and the PAV value of
+    the mean real reward; None (stay as before) with fewer than two filled bins."""
+    x, y = pairs[:, 0], pairs[:, 1]
+    nb = cfg.num_bins
+    if cfg.bin_spacing == "equal_mass":
+        order = np.sort(x)
+        edges = [order[min(k * len(x) // nb, len(x) - 1)] for k in range(1, nb)]
+        idx = np.searchsorted(np.asarray(edges), x, side="right")
+    else:
+        lo, hi = cfg.reward_range
+        idx = np.clip(np.floor((x - lo) / (hi - lo) * nb).astype(int), 0, nb - 1)
+    xs, ys, ws = [], [], []
+    for b in range(nb):
+        m = idx == b
+        if m.any():
+            xs.append(x[m].mean())
+            ys.append(y[m].mean())
+            ws.append(m.sum())
+    if len(xs) < 2:
+        return None
+    return np.asarray(xs), pav(np.asarray(ys), np.asarray(ws, float))
+
+
+def monotone_apply(r, xs: np.ndarray, ys: np.ndarray, cfg):
+    """Interpolate between the fitted points (constant beyond them), blended with the identity."""
+    return (1 - cfg.min_slope) * np.interp(r, xs, ys) + cfg.min_slope * np.asarray(r)
 
 
 def run_numpy_variant(

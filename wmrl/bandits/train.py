@@ -343,6 +343,8 @@ def statics_from_config(config: ml_collections.ConfigDict, variant: str) -> Step
             min_count=config.debias.min_count,
             capacity=config.debias.capacity,
             num_bins=config.debias.num_bins,
+            bin_spacing=config.debias.bin_spacing,
+            min_slope=config.debias.min_slope,
             min_pairs=config.debias.min_pairs,
             refit_every=config.debias.refit_every,
             reward_range=tuple(config.debias.reward_range),

@@ -1,6 +1,7 @@
 """Sandbox throughput and per-execution overhead.
 
     python -m wmrl.benchmarks.sandbox [--out=FILE.json] [--max_workers=N] [--batch=16]
+    python -m wmrl.benchmarks.sandbox --executor=ray [--nodes=N] [--out=FILE.json]
 
 Measures, on a small generated task:
   * ``overhead_s``: end-to-end seconds per execution of an empty script
@@ -10,6 +11,13 @@ Measures, on a small generated task:
   * the start-up vs script-work split: importing numpy+pandas+scikit-learn
     in a fresh interpreter vs in the template, and a real training script;
   * ``executions_per_s`` on a fixed batch of real scripts with 1..N workers.
+
+With ``--executor=ray`` (the Ray extra, docs/ray.md) it measures instead, on a simulated
+cluster of ``--nodes`` one-CPU nodes on this machine (``ray.cluster_utils``; or the cluster at
+``--ray_address``, all its nodes): ``ray_overhead_added_s``, the end-to-end seconds per empty
+script through a one-node RayExecutor minus the same through a local one-slot pool, and
+``executions_per_s_by_nodes``, the batch of real scripts with one slot per node on 1..N nodes.
+The machine's load average is recorded with the numbers (``load_avg_1_5_15``).
 """
 
 from __future__ import annotations
@@ -112,6 +120,104 @@ def run_benchmark(max_workers: int, batch: int, repeats: int = 10) -> dict:
     return res
 
 
+def run_ray_benchmark(nodes: int, batch: int, repeats: int = 10, address: str = "") -> dict:
+    from ray.cluster_utils import Cluster
+
+    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.envs.autoresearch.ray_executor import RayExecutor
+
+    res: dict = {
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "executor": "ray",
+        "batch": batch,
+        "load_avg_1_5_15": list(os.getloadavg()),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        task = _task(Path(tmp))
+        with SandboxPool(1) as pool:
+            pool.run(task, EMPTY)
+            local_empty, _ = _timed_runs(pool, task, EMPTY, repeats)
+        res["local_overhead_s"] = local_empty
+        # The same batch through the local pool with 1..N workers, side by side (same load).
+        res["local_executions_per_s_by_workers"] = {}
+        for n in range(1, (1 if address else nodes) + 1):
+            with SandboxPool(n) as pool:
+                pool.run(task, EMPTY)
+                t0 = time.perf_counter()
+                statuses = {
+                    f.result().status.name for f in pool.submit_batch([(task, REAL)] * batch)
+                }
+                res["local_executions_per_s_by_workers"][str(n)] = batch / (
+                    time.perf_counter() - t0
+                )
+            assert statuses == {"VALID"}, statuses
+        res["executions_per_s_by_nodes"] = {}
+        cluster = None
+        if not address:
+            cluster = Cluster(
+                initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+            )
+        try:
+            for n in range(1, (1 if address else nodes) + 1):
+                if cluster is not None and n > 1:
+                    cluster.add_node(num_cpus=1)
+                if cluster is not None:
+                    cluster.wait_for_nodes()
+                with RayExecutor(1, address=address or cluster.address) as ex:
+                    ex.run(task, EMPTY)  # every node has the task data from here on
+                    for _ in range(len(ex.alive_nodes())):
+                        ex.run(task, EMPTY)
+                    n_nodes = len(ex.alive_nodes())
+                    if n == 1:
+                        res["isolation"] = ex.isolation
+                        empty, _ = _timed_runs(ex, task, EMPTY, repeats)
+                        res["ray_overhead_s"] = empty
+                        res["ray_overhead_added_s"] = empty - local_empty
+                    warm = ex.submit_batch([(task, EMPTY)] * n_nodes)
+                    [f.result() for f in warm]
+                    t0 = time.perf_counter()
+                    futures = ex.submit_batch([(task, REAL)] * batch)
+                    statuses = {f.result().status.name for f in futures}
+                    elapsed = time.perf_counter() - t0
+                assert statuses == {"VALID"}, statuses
+                res["executions_per_s_by_nodes"][str(n_nodes)] = batch / elapsed
+        finally:
+            if cluster is not None:
+                cluster.shutdown()
+    by = res["executions_per_s_by_nodes"]
+    if "1" in by and "2" in by:
+        res["speedup_1_to_2_nodes"] = by["2"] / by["1"]
+    res["load_avg_1_5_15_after"] = list(os.getloadavg())
+    return res
+
+
+def _ray_table(res: dict) -> str:
+    rows = [
+        ("isolation (every node)", res.get("isolation", "?")),
+        ("overhead, empty script, local pool", f"{res['local_overhead_s']:.3f} s"),
+        (
+            "overhead, empty script, Ray (1 node)",
+            f"{res.get('ray_overhead_s', float('nan')):.3f} s",
+        ),
+        ("added by Ray per execution", f"{res.get('ray_overhead_added_s', float('nan')):.3f} s"),
+    ]
+    by = res["executions_per_s_by_nodes"]
+    base = next(iter(by.values()))
+    for n, eps in by.items():
+        rows.append((f"executions/s, {n} node(s) x 1 slot", f"{eps:.2f}  (x{eps / base:.2f})"))
+    local = res["local_executions_per_s_by_workers"]
+    for n, eps in local.items():
+        rows.append(
+            (f"executions/s, local pool, {n} worker(s)", f"{eps:.2f}  (x{eps / local['1']:.2f})")
+        )
+    rows.append(("load average before / after", f"{res['load_avg_1_5_15']} / "
+                 f"{res['load_avg_1_5_15_after']}"))  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
 def _table(res: dict) -> str:
     s = res["startup_split"]
     rows = [
@@ -141,10 +247,22 @@ def _define_flags() -> None:
     flags.DEFINE_integer("max_workers", None, "largest pool size (default: cores)")
     flags.DEFINE_integer("batch", 16, "real scripts per throughput measurement")
     flags.DEFINE_integer("repeats", 10, "sequential runs per latency measurement")
+    flags.DEFINE_enum("executor", "local", ["local", "ray"], "which executor to measure")
+    flags.DEFINE_integer("nodes", 2, "executor=ray: simulated one-CPU nodes (1..N measured)")
+    flags.DEFINE_string("ray_address", "", "executor=ray: a real cluster instead of simulated")
 
 
 def main(argv) -> None:
     del argv
+    if FLAGS.executor == "ray":
+        from wmrl.envs.autoresearch.executor import require_ray
+
+        require_ray()
+        res = run_ray_benchmark(FLAGS.nodes, FLAGS.batch, FLAGS.repeats, FLAGS.ray_address)
+        print(_ray_table(res))
+        if FLAGS.out:
+            Path(FLAGS.out).write_text(json.dumps(res, indent=2))
+        return
     res = run_benchmark(FLAGS.max_workers or os.cpu_count() or 1, FLAGS.batch, FLAGS.repeats)
     print(_table(res))
     if FLAGS.out:

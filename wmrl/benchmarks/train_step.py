@@ -75,17 +75,29 @@ def _batch(cfg: TransformerConfig, B: int, T: int) -> dict:
     }
 
 
-def run() -> dict:
-    config = FLAGS.config
+def measure(
+    config,
+    *,
+    peak_flops: float | None = None,
+    steps: int = 5,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    skip_prompt_logits: bool = False,
+    model_overrides: dict | None = None,
+) -> dict:
+    """Time `steps` policy train steps (after one compile + warm-up step) of a loaded
+    `configs/model_*.py`; `model_overrides` replace `TransformerConfig` fields."""
     cfg = transformer_config(config)
-    B = FLAGS.batch_size or config.batch_size
-    T = FLAGS.seq_len or config.seq_len
+    if model_overrides:
+        cfg = cfg.replace(**model_overrides)
+    B = batch_size or config.batch_size
+    T = seq_len or config.seq_len
     mesh = make_mesh(tuple(config.mesh_shape))
     tx = optax.adamw(config.learning_rate, weight_decay=config.weight_decay)
     graphdef, state = init_train_state(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), tx, mesh)
     batch = _batch(cfg, B, T)
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    logits_from = prompt_len(T) if FLAGS.skip_prompt_logits else 0
+    logits_from = prompt_len(T) if skip_prompt_logits else 0
     loss_cfg = PolicyLossConfig(kl_coef=0.01, logits_from=logits_from)
     step = make_policy_train_step(
         graphdef, tx, shardings, batch, mesh, loss_cfg, config.num_micro_batches,
@@ -96,7 +108,7 @@ def run() -> dict:
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - t0
     times = []
-    for _ in range(FLAGS.steps):
+    for _ in range(steps):
         t0 = time.perf_counter()
         state, metrics = step(state, batch)
         jax.block_until_ready(metrics)
@@ -117,14 +129,24 @@ def run() -> dict:
         "num_micro_batches": config.num_micro_batches,
         "dtype": cfg.dtype,
         "remat": cfg.remat,
+        "remat_policy": cfg.remat_policy,
+        "attention_impl": cfg.attention_impl,
         "num_devices": mesh.devices.size,
         "loss": float(metrics["loss"][0] / jnp.maximum(metrics["loss"][1], 1)),
         "machine": machine(),
     }
-    if FLAGS.peak_flops:
-        rows["peak_flops_per_device"] = FLAGS.peak_flops
-        rows["mfu"] = flops / step_s / (FLAGS.peak_flops * mesh.devices.size)
+    if peak_flops:
+        rows["peak_flops_per_device"] = peak_flops
+        rows["mfu"] = flops / step_s / (peak_flops * mesh.devices.size)
     return rows
+
+
+def run() -> dict:
+    return measure(
+        FLAGS.config, peak_flops=FLAGS.peak_flops, steps=FLAGS.steps,
+        batch_size=FLAGS.batch_size, seq_len=FLAGS.seq_len,
+        skip_prompt_logits=FLAGS.skip_prompt_logits,
+    )  # fmt: skip
 
 
 def main(_):

@@ -7,11 +7,14 @@
   constant within a GRPO group (e.g. key = task) cancel under group standardisation: with
   key = task they are a no-op for the policy gradient.
 * Monotone map (the paper's): a window of recent (r_wm, r_env) pairs with a FIFO cap, and a
-  binned isotonic fit `f: r -> E[r_env | r]` (equal-width bins, pool-adjacent-violators, linear
-  interpolation between the centres of non-empty bins). Identity until `min_pairs`, refit every
-  `refit_every` new pairs. Monotone, so it never reorders a group; non-affine, so it survives
-  group standardisation. It corrects scale distortions but, being a global monotone map, it
-  keeps the WM's order of actions: it cannot undo a bias that reorders them.
+  binned isotonic fit `f: r -> E[r_env | r]` (equal-width or equal-mass bins, weighted
+  pool-adjacent-violators on the bins' mean real rewards, linear interpolation between the
+  points (mean WM score, isotonic value) of filled bins, blended with the identity so the map
+  is strictly increasing). Identity until `min_pairs` pairs and two filled bins, refit every
+  `refit_every` new pairs. Strictly increasing, so it never reorders a group and never ties
+  two different scores; non-affine, so it survives group standardisation. It corrects scale
+  distortions but, being a global monotone map, it keeps the WM's order of actions: it cannot
+  undo a bias that reorders them.
 
 When both are on, the keyed offsets are applied first and the map is fitted on the
 offset-corrected scores. The whole estimator state is one pytree (`DebiasState`).
@@ -44,6 +47,8 @@ class DebiasConfig:
     # monotone map
     capacity: int = 5000
     num_bins: int = 10
+    bin_spacing: Literal["equal_width", "equal_mass"] = "equal_width"
+    min_slope: float = 0.05  # weight of the identity in the map's convex blend (strictness)
     min_pairs: int = 200
     refit_every: int = 64
     reward_range: tuple[float, float] = (0.0, 1.0)
@@ -62,6 +67,10 @@ class DebiasConfig:
         for name in ("min_count", "min_pairs"):
             if getattr(self, name) < 0:
                 bad(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.bin_spacing not in ("equal_width", "equal_mass"):
+            bad("bin_spacing", f"must be 'equal_width' or 'equal_mass', got {self.bin_spacing!r}")
+        if not 0.0 <= self.min_slope < 1.0:
+            bad("min_slope", f"must be in [0, 1), got {self.min_slope}")
         if self.half_life <= 0:
             bad("half_life", f"must be > 0, got {self.half_life}")
         lo, hi = self.reward_range
@@ -191,8 +200,10 @@ class MonotoneMapState:
     size: jax.Array  # pairs currently stored (<= C)
     since_fit: jax.Array  # pairs added since the last fit
     fitted: jax.Array  # bool: map active
-    bin_count: jax.Array  # [num_bins] pairs of the window in each bin (kept incrementally)
+    bin_count: jax.Array  # [num_bins] pairs of the window in each equal-width bin (incremental)
     bin_sum: jax.Array  # [num_bins] sum of r_env of those pairs
+    bin_wm_sum: jax.Array  # [num_bins] sum of r_wm of those pairs
+    bin_x: jax.Array  # [num_bins] mean WM score of each bin's pairs at the last fit
     bin_values: jax.Array  # [num_bins] isotonic bin values at the last fit
     bin_filled: jax.Array  # [num_bins] bool: bin had data at the last fit
 
@@ -200,6 +211,7 @@ class MonotoneMapState:
 def init_monotone_map(config: DebiasConfig) -> MonotoneMapState:
     c = config.capacity if config.uses_monotone else 1
     nb = config.num_bins
+    zeros = jnp.zeros((nb,), jnp.float32)
     return MonotoneMapState(
         wm=jnp.zeros((c,), jnp.float32),
         env=jnp.zeros((c,), jnp.float32),
@@ -207,17 +219,13 @@ def init_monotone_map(config: DebiasConfig) -> MonotoneMapState:
         size=jnp.zeros((), jnp.int32),
         since_fit=jnp.zeros((), jnp.int32),
         fitted=jnp.zeros((), bool),
-        bin_count=jnp.zeros((nb,), jnp.float32),
-        bin_sum=jnp.zeros((nb,), jnp.float32),
-        bin_values=jnp.zeros((nb,), jnp.float32),
+        bin_count=zeros,
+        bin_sum=zeros,
+        bin_wm_sum=zeros,
+        bin_x=zeros,
+        bin_values=zeros,
         bin_filled=jnp.zeros((nb,), bool),
     )
-
-
-def bin_centres(config: DebiasConfig) -> jax.Array:
-    lo, hi = config.reward_range
-    width = (hi - lo) / config.num_bins
-    return lo + width * (jnp.arange(config.num_bins, dtype=jnp.float32) + 0.5)
 
 
 def weighted_isotonic(values: jax.Array, weights: jax.Array) -> jax.Array:
@@ -251,39 +259,75 @@ def bin_index(r: jax.Array, config: DebiasConfig) -> jax.Array:
     return jnp.clip(jnp.floor((r - lo) / (hi - lo) * nb).astype(jnp.int32), 0, nb - 1)
 
 
+def equal_mass_edges(wm: jax.Array, valid: jax.Array, num_bins: int) -> jax.Array:
+    """The `num_bins - 1` inner edges of equal-mass bins: the k/num_bins empirical quantiles
+    (order statistic `floor(k n / num_bins)`) of the valid scores. Tied scores share a bin, so
+    with many ties some bins stay empty."""
+    n = jnp.asarray(valid, jnp.int32).sum()
+    ordered = jnp.sort(jnp.where(valid, wm, jnp.inf))
+    k = jnp.arange(1, num_bins)
+    return ordered[jnp.clip(k * n // num_bins, 0, wm.shape[0] - 1)]
+
+
+def window_bins(wm: jax.Array, valid: jax.Array, config: DebiasConfig) -> jax.Array:
+    """Bin of each pair of a window under `config.bin_spacing`."""
+    if config.bin_spacing == "equal_mass":
+        edges = equal_mass_edges(wm, valid, config.num_bins)
+        return jnp.searchsorted(edges, wm, side="right").astype(jnp.int32)
+    return bin_index(wm, config)
+
+
 def fit_monotone_map(wm: jax.Array, env: jax.Array, valid: jax.Array, config: DebiasConfig):
-    """Binned isotonic fit of E[r_env | r_wm] from pairs. Returns (bin_values, bin_filled)."""
-    idx = bin_index(wm, config)
+    """Binned isotonic fit of E[r_env | r_wm] from pairs (either bin spacing).
+
+    Returns `(bin_x, bin_values, bin_filled)`: per bin the mean WM score of its pairs, the
+    pool-adjacent-violators value of its mean real reward, and whether it holds any pair."""
+    idx = window_bins(wm, valid, config)
     w = jnp.asarray(valid, jnp.float32)
-    counts = jnp.zeros(config.num_bins).at[idx].add(w)
-    sums = jnp.zeros(config.num_bins).at[idx].add(w * env)
-    return fit_from_bins(counts, sums)
+    zeros = jnp.zeros(config.num_bins)
+    counts = zeros.at[idx].add(w)
+    return fit_from_bins(counts, zeros.at[idx].add(w * env), zeros.at[idx].add(w * wm))
 
 
-def fit_from_bins(counts: jax.Array, sums: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Pool-adjacent-violators over the bin means, weighted by the bin counts."""
-    means = sums / jnp.maximum(counts, 1.0)
-    return weighted_isotonic(means, counts), counts > 0
+def fit_from_bins(counts: jax.Array, sums: jax.Array, wm_sums: jax.Array):
+    """Per-bin mean WM score, pool-adjacent-violators over the bin means of the real reward
+    (weighted by the bin counts), and which bins are filled."""
+    safe = jnp.maximum(counts, 1.0)
+    return wm_sums / safe, weighted_isotonic(sums / safe, counts), counts > 0
 
 
 def apply_monotone_map(
-    r: jax.Array, bin_values: jax.Array, bin_filled: jax.Array, config: DebiasConfig
+    r: jax.Array,
+    bin_x: jax.Array,
+    bin_values: jax.Array,
+    bin_filled: jax.Array,
+    config: DebiasConfig,
 ) -> jax.Array:
-    """Linear interpolation between the centres of filled bins, constant beyond the ends."""
-    centres = bin_centres(config)
+    """The calibrated score: `(1 - min_slope) g(r) + min_slope r`.
+
+    `g` interpolates linearly between the points `(bin_x, bin_values)` of filled bins (each
+    bin's mean WM score and its isotonic real reward, the paper's reference formula) and is
+    constant beyond the end points. `g` alone is only non-decreasing: a flat PAV segment, a
+    group inside one bin's end region or beyond the end points would give different WM scores
+    one value and erase the only thing GRPO uses inside a group. The convex blend with the
+    identity makes the map strictly increasing (slope >= min_slope everywhere), so it never
+    creates a tie and never reorders; it stays non-affine, so it survives group
+    standardisation.
+    """
     x = r[..., None]
-    left_ok = bin_filled & (centres <= x)
-    right_ok = bin_filled & (centres >= x)
-    nb = centres.shape[0]
+    left_ok = bin_filled & (bin_x <= x)
+    right_ok = bin_filled & (bin_x >= x)
+    nb = bin_x.shape[0]
     ar = jnp.arange(nb)
     first = jnp.argmax(bin_filled)
     last = nb - 1 - jnp.argmax(bin_filled[::-1])
     li = jnp.where(left_ok.any(-1), jnp.max(jnp.where(left_ok, ar, -1), -1), first)
     ri = jnp.where(right_ok.any(-1), jnp.min(jnp.where(right_ok, ar, nb), -1), last)
-    x0, x1 = centres[li], centres[ri]
+    x0, x1 = bin_x[li], bin_x[ri]
     y0, y1 = bin_values[li], bin_values[ri]
     t = jnp.where(ri > li, (r - x0) / jnp.where(ri > li, x1 - x0, 1.0), 0.0)
-    return y0 + jnp.clip(t, 0.0, 1.0) * (y1 - y0)
+    g = y0 + jnp.clip(t, 0.0, 1.0) * (y1 - y0)
+    return (1.0 - config.min_slope) * g + config.min_slope * r
 
 
 def update_monotone_map(
@@ -296,9 +340,10 @@ def update_monotone_map(
 ) -> MonotoneMapState:
     """Append a batch of pairs to the FIFO window, then refit when due.
 
-    The window's per-bin counts and sums are kept incrementally (add the new pairs, subtract
-    the ones they evict), so a refit costs O(num_bins^2) instead of a pass over the window.
-    That keeps the estimator cheap enough to run inside a `vmap` over thousands of seeds.
+    With equal-width bins the window's per-bin counts and sums are kept incrementally (add the
+    new pairs, subtract the ones they evict), so a refit costs O(num_bins^2) instead of a pass
+    over the window. That keeps the estimator cheap enough to run inside a `vmap` over
+    thousands of seeds. Equal-mass bins move with the window, so they are refitted from it.
 
     `refit=False` only appends: the caller then owes a `refit_monotone_map` before the map is
     next applied (see there for why a caller would split the two).
@@ -313,11 +358,18 @@ def update_monotone_map(
     slots = (state.position + offsets) % cap
     evicted = valid & ((state.size == cap) | (slots < state.size))
     old_wm, old_env = state.wm[slots], state.env[slots]
-    old_bins = bin_index(old_wm, config)
-    new_bins = bin_index(r_wm, config)
-    vf, ef = valid.astype(jnp.float32), evicted.astype(jnp.float32)
-    bin_count = state.bin_count.at[new_bins].add(vf).at[old_bins].add(-ef)
-    bin_sum = state.bin_sum.at[new_bins].add(vf * r_env).at[old_bins].add(-ef * old_env)
+    if config.bin_spacing == "equal_width":
+        old_bins, new_bins = bin_index(old_wm, config), bin_index(r_wm, config)
+        vf, ef = valid.astype(jnp.float32), evicted.astype(jnp.float32)
+
+        def moved(total, new, old):
+            return total.at[new_bins].add(vf * new).at[old_bins].add(-ef * old)
+
+        state = state.replace(
+            bin_count=moved(state.bin_count, 1.0, 1.0),
+            bin_sum=moved(state.bin_sum, r_env, old_env),
+            bin_wm_sum=moved(state.bin_wm_sum, r_wm, old_wm),
+        )
     write = jnp.where(after_reads(valid, old_wm, old_env), slots, cap)  # index cap = dropped
     added = valid.sum().astype(jnp.int32)
     state = state.replace(
@@ -326,8 +378,6 @@ def update_monotone_map(
         position=(state.position + added) % cap,
         size=jnp.minimum(state.size + added, cap),
         since_fit=state.since_fit + added,
-        bin_count=bin_count,
-        bin_sum=bin_sum,
     )
     return refit_monotone_map(state, config) if refit else state
 
@@ -341,7 +391,12 @@ def monotone_refit_due(state: MonotoneMapState, config: DebiasConfig) -> jax.Arr
 
 
 def refit_monotone_map(state: MonotoneMapState, config: DebiasConfig) -> MonotoneMapState:
-    """Refit the map from the window's bins if it is due; otherwise return it unchanged.
+    """Refit the map from the window if it is due; otherwise return it unchanged.
+
+    A fit takes effect only with at least two filled bins (one point defines no map): until
+    the first such fit the map stays the identity, and a later fit with fewer keeps the
+    previous map, in both cases retrying at the next update (the paper's reference does the
+    same).
 
     Under `jax.vmap` (many estimators, e.g. one per bandit seed) a per-estimator `lax.cond`
     evaluates both branches, so the fit would run at every update. A caller that batches
@@ -349,13 +404,19 @@ def refit_monotone_map(state: MonotoneMapState, config: DebiasConfig) -> Monoton
     outside the vmap under `lax.cond(any estimator due, ...)`: updates where none is due then
     skip the fit entirely, and the ones that are due still refit exactly when they would have.
     """
-    due = monotone_refit_due(state, config)
-    values, filled = fit_from_bins(state.bin_count, state.bin_sum)
+    if config.bin_spacing == "equal_width":
+        fit = fit_from_bins(state.bin_count, state.bin_sum, state.bin_wm_sum)
+    else:
+        stored = jnp.arange(state.wm.shape[0]) < state.size
+        fit = fit_monotone_map(state.wm, state.env, stored, config)
+    bin_x, values, filled = fit
+    take = monotone_refit_due(state, config) & (filled.sum() >= 2)
     return state.replace(
-        bin_values=jnp.where(due, values, state.bin_values),
-        bin_filled=jnp.where(due, filled, state.bin_filled),
-        fitted=state.fitted | due,
-        since_fit=jnp.where(due, 0, state.since_fit),
+        bin_x=jnp.where(take, bin_x, state.bin_x),
+        bin_values=jnp.where(take, values, state.bin_values),
+        bin_filled=jnp.where(take, filled, state.bin_filled),
+        fitted=state.fitted | take,
+        since_fit=jnp.where(take, 0, state.since_fit),
     )
 
 
@@ -385,7 +446,8 @@ def apply_debias(
         out = out - jnp.where(ready[k], offsets[k], 0.0)
     if config.uses_monotone:
         m = state.monotone
-        out = jnp.where(m.fitted, apply_monotone_map(out, m.bin_values, m.bin_filled, config), out)
+        mapped = apply_monotone_map(out, m.bin_x, m.bin_values, m.bin_filled, config)
+        out = jnp.where(m.fitted, mapped, out)
     return out
 
 

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _ROPE_SCALINGS = ("none", "linear", "llama3")
+ATTENTION_IMPLS = ("xla", "dot_product_attention", "cudnn")
+REMAT_POLICIES = ("full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +28,17 @@ class TransformerConfig:
     "derive it". `dtype` is the compute dtype, `param_dtype` the storage dtype of
     the master parameters (bf16 compute with fp32 params is the usual choice).
     `remat` recomputes each block's activations in the backward pass, trading
-    ~1/3 more FLOPs for activation memory that no longer grows with depth.
+    ~1/3 more FLOPs for activation memory that no longer grows with depth;
+    `remat_policy` (read only with `remat`) says what the backward pass keeps:
+    `full` nothing but the layer inputs, `dots_saveable` every matmul output
+    (`jax.checkpoint_policies`; less recompute, more memory),
+    `dots_with_no_batch_dims_saveable` the weight matmuls but not attention's
+    batched score/value products.
+
+    `attention_impl` picks the attention kernel (same maths, same masks):
+    `xla` the einsum + softmax of `Attention` (the reference), `dot_product_attention`
+    `jax.nn.dot_product_attention` with the implementation left to JAX (XLA on CPU),
+    `cudnn` the same call pinned to cuDNN's fused flash attention (GPU only).
 
     `rope_scaling` stretches the rotary frequencies of a model pretrained at a
     shorter context (see `wmrl.models.transformer.rope_inv_freq`): `linear`
@@ -56,6 +68,8 @@ class TransformerConfig:
     rope_original_max_len: int = 0
     norm_eps: float = 1e-6
     remat: bool = False
+    remat_policy: str = "full"
+    attention_impl: str = "xla"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -104,6 +118,11 @@ def validate(cfg: TransformerConfig) -> None:
         if getattr(cfg, name) not in _DTYPES:
             raise ValueError(
                 f"model config: {name} must be one of {_DTYPES}, got {getattr(cfg, name)!r}"
+            )
+    for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("remat_policy", REMAT_POLICIES)):
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(
+                f"model config: {name} must be one of {allowed}, got {getattr(cfg, name)!r}"
             )
     _validate_rope_scaling(cfg)
 

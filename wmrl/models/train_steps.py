@@ -232,13 +232,15 @@ def make_policy_train_step(
 
 
 def make_wm_train_step(
-    graphdef, tx, shardings, example_batch, mesh, class_coef=1.0, num_micro_batches=1
-):
+    graphdef, tx, shardings, example_batch, mesh, class_coef=1.0, num_micro_batches=1,
+    rank_coef=0.0,
+):  # fmt: skip
     """`wm_train_step(state, batch) -> (state, metrics)`: bootstrap-weighted Gaussian NLL per
-    ensemble member + class cross-entropy (see `wmrl.models.world_model.wm_loss`)."""
+    ensemble member + class cross-entropy (+ the within-group ranking loss with `rank_coef`;
+    see `wmrl.models.world_model.wm_loss`)."""
     return make_train_step(
-        graphdef, tx, wm_loss_fn(class_coef), wm_normalisers, shardings, example_batch,
-        mesh, num_micro_batches,
+        graphdef, tx, wm_loss_fn(class_coef, rank_coef), wm_normalisers, shardings,
+        example_batch, mesh, num_micro_batches,
     )  # fmt: skip
 
 

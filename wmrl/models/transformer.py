@@ -98,6 +98,28 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
     return out.astype(x.dtype)
 
 
+def fused_attention(q, k, v, mask, impl: str, causal: bool) -> jax.Array:
+    """`jax.nn.dot_product_attention` on `q: [B, T, H, Dh]`, `k, v: [B, S, K, Dh]` with the
+    boolean `mask: [B, T, S]` -> `[B, T, H, Dh]`.
+
+    `impl` is `dot_product_attention` (JAX picks the kernel: XLA on CPU) or `cudnn` (cuDNN
+    flash attention, GPU only). `causal` (no KV cache: the chunk attends to itself, and every
+    mask is then causal) also passes `is_causal`, which changes nothing the mask does not
+    already exclude but lets cuDNN skip the upper triangle. Real query rows equal the `xla`
+    path's up to rounding; a fully masked row (left padding) is a uniform average in both
+    but over different key sets, and nothing reads those rows.
+    """
+    if impl == "cudnn" and jax.default_backend() != "gpu":
+        raise ValueError(
+            f"model config: attention_impl='cudnn' needs a GPU, the backend is "
+            f"{jax.default_backend()!r}; use 'dot_product_attention' or 'xla'"
+        )
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask[:, None], is_causal=causal,
+        implementation="cudnn" if impl == "cudnn" else None,
+    )  # fmt: skip
+
+
 class Attention(nnx.Module):
     """Grouped-query attention; einsum weights named by their dims (`q_dnh` = [D, H, Dh])."""
 
@@ -142,12 +164,15 @@ class Attention(nnx.Module):
             k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
             v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
         k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
-        q = q.reshape(B, T, K, G, Dh)
-        scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-        scores = scores * Dh**-0.5
-        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, K * G, Dh)
+        if cfg.attention_impl == "xla":
+            q = q.reshape(B, T, K, G, Dh)
+            scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+            scores = scores * Dh**-0.5
+            scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+            out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, K * G, Dh)
+        else:
+            out = fused_attention(q, k, v, mask, cfg.attention_impl, causal=cache is None)
         out = constrain(out, ("batch", "length", "heads", "head_dim"))
         y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd.get_value().astype(dt))
         return y, cache
@@ -186,6 +211,13 @@ class Block(nnx.Module):
         x = x + h
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "length", "embed")), cache
+
+
+def remat_policy(name: str):
+    """`jax.checkpoint` policy of a `remat_policy` config value (`full`: save nothing)."""
+    if name == "full":
+        return None
+    return getattr(jax.checkpoint_policies, name)
 
 
 def stacked_blocks(cfg: TransformerConfig, rngs: nnx.Rngs) -> Block:
@@ -239,7 +271,7 @@ class Transformer(nnx.Module):
             return (x, cache), None
 
         if self.cfg.remat:
-            layer = jax.checkpoint(layer)
+            layer = jax.checkpoint(layer, policy=remat_policy(self.cfg.remat_policy))
         layer_ids = jnp.arange(self.cfg.num_layers)
         (x, cache), _ = jax.lax.scan(layer, (x, cache), (stacked, layer_ids))
         return self.final_norm(x), cache

@@ -129,21 +129,53 @@ def bootstrap_weights(rng: jax.Array, batch: int, num_members: int) -> jax.Array
     return jax.random.poisson(rng, 1.0, (batch, num_members)).astype(jnp.float32)
 
 
+def ranked_pairs(target: jax.Array, group: jax.Array, graded: jax.Array) -> jax.Array:
+    """`[B, B]` float mask of the ordered pairs (i, j) of one group with target_i > target_j.
+
+    `group` [B] int: rows of one task (the scripts GRPO compares); -1 = in no group. Ties carry
+    no order and no pair."""
+    same = (group[:, None] == group[None, :]) & (group[:, None] >= 0)
+    ok = graded[:, None] & graded[None, :]
+    return (same & ok & (target[:, None] > target[None, :])).astype(jnp.float32)
+
+
+def pairwise_rank_loss(mean: jax.Array, pairs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Logistic (RankNet) loss `softplus(-(mu_i - mu_j))` of each member's mean [M, B] over
+    the ordered pairs [B, B] of `ranked_pairs`; returns (sum over members and pairs, pair
+    count x members).
+
+    GRPO sees only differences inside a group, so this is the part of the WM's error that moves
+    the policy; the Gaussian NLL alone fits the level of each task's rewards."""
+    diff = mean[:, :, None] - mean[:, None, :]  # [M, B, B]
+    total = jnp.sum(jax.nn.softplus(-diff) * pairs[None])
+    return total, jnp.sum(pairs) * mean.shape[0]
+
+
 def wm_normalisers(batch: dict) -> dict[str, jax.Array]:
-    """Global normalisers (whole batch) so micro-batch accumulation stays exact."""
+    """Global normalisers (whole batch) so micro-batch accumulation stays exact (the ranking
+    loss's pairs are counted over the whole batch: pairs split between micro-batches are not
+    formed, which only scales that term down)."""
     labels = batch.get("class_label")
     n_cls = 1.0 if labels is None else jnp.sum((labels >= 0).astype(jnp.float32))
-    return {
+    out = {
         "nll": jnp.maximum(jnp.sum(batch["member_weights"]), 1.0),
         "ce": jnp.maximum(n_cls, 1.0),
     }
+    if "group" in batch:
+        pairs = ranked_pairs(batch["target"], batch["group"], batch["graded"])
+        out["rank"] = jnp.maximum(jnp.sum(pairs) * batch["member_weights"].shape[1], 1.0)
+    return out
 
 
-def wm_loss(outputs: dict, batch: dict, normaliser: dict, class_coef: float = 1.0):
-    """Bootstrap-weighted Gaussian NLL over members + class cross-entropy.
+def wm_loss(
+    outputs: dict, batch: dict, normaliser: dict, class_coef: float = 1.0, rank_coef: float = 0.0
+):
+    """Bootstrap-weighted Gaussian NLL over members + class cross-entropy (+ with `rank_coef`
+    the within-group pairwise ranking loss).
 
     batch: `target: [B]`, `member_weights: [B, M]`, optional `class_label: [B]`
-    (int, -1 = no label). Returns (loss divided by the global normalisers,
+    (int, -1 = no label), optional `group: [B]` (int task index, -1 = none) and `graded: [B]`
+    (bool) for the ranking loss. Returns (loss divided by the global normalisers,
     metrics as (sum, count) pairs).
     """
     weights = batch["member_weights"].T  # [M, B]
@@ -166,14 +198,20 @@ def wm_loss(outputs: dict, batch: dict, normaliser: dict, class_coef: float = 1.
         correct = (jnp.argmax(logp, axis=-1) == labels).astype(jnp.float32) * valid
         metrics["class_ce"] = (ce_sum, jnp.sum(valid))
         metrics["class_acc"] = (jnp.sum(correct), jnp.sum(valid))
+    if rank_coef and "group" in batch:
+        pairs = ranked_pairs(batch["target"], batch["group"], batch["graded"])
+        rank_sum, rank_n = pairwise_rank_loss(outputs["mean"], pairs)
+        loss = loss + rank_coef * rank_sum / normaliser["rank"]
+        metrics["rank"] = (rank_sum, rank_n)
     return loss, metrics
 
 
-def wm_loss_fn(class_coef: float = 1.0):
+def wm_loss_fn(class_coef: float = 1.0, rank_coef: float = 0.0):
     """Loss function in the `wmrl.models.train_steps.make_train_step` convention."""
 
     def loss_fn(model: WorldModel, mb: dict, normaliser: dict):
-        return wm_loss(model(mb["tokens"], mb["input_mask"]), mb, normaliser, class_coef)
+        out = model(mb["tokens"], mb["input_mask"])
+        return wm_loss(out, mb, normaliser, class_coef, rank_coef)
 
     return loss_fn
 

@@ -231,6 +231,9 @@ def _check_fields(config) -> None:
 
 
 def _check_suite(config) -> None:
+    from wmrl.envs.autoresearch.executor import validate_suite_executor
+
+    validate_suite_executor(config.suite, reachable=True)  # executor, ray_address, mixed isolation
     storage.require_local(config.data_dir, "data_dir")
     storage.require_local(config.suite.dir, "suite.dir")
     if config.suite.dir:

@@ -99,6 +99,7 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
         mistake_rate=config.data.mistake_rate,
         workers=config.suite.workers,
         progress=progress,
+        executor_config=config.suite,
     )
     with open(log) as f:
         executions = [json.loads(line) for line in f if line.strip()]

@@ -185,14 +185,17 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
     policy = models.build_policy(
         config, vocab, models.adam(config.rl.learning_rate), mesh, config.seed
     )
-    wm = models.build_wm(
-        config, vocab, models.adam(config.wm.online_learning_rate), mesh, config.seed + 1,
-        trunk_params=policy.state.params,
-    )  # fmt: skip
     inits = init_dir(config, workdir)
     policy_params, sft_report = stages.warm_start(
         config, prepared, policy, inits / "warmstart", progress
     )
+    # A WM trunk shared with the policy starts from its weights: the checkpoint's (policy
+    # params before the warm start) or, with wm.trunk_from_policy, the warm-started ones.
+    trunk = policy_params if config.wm.trunk_from_policy else policy.state.params
+    wm = models.build_wm(
+        config, vocab, models.adam(config.wm.online_learning_rate), mesh, config.seed + 1,
+        trunk_params=trunk,
+    )  # fmt: skip
     wm_params, wm_report = stages.pretrain_wm(config, prepared, wm, inits / "wm_pretrain", progress)
     return Stages(
         prepared, policy, wm, policy_params, wm_params, sft_report, wm_report,
@@ -204,7 +207,7 @@ def run(
     config, workdir: str | os.PathLike, write_outputs: bool = True, progress: bool = True
 ) -> dict:
     """Run (or resume) the whole pipeline; returns the summary."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.envs.autoresearch.executor import make_executor
     from wmrl.rl.checkpoint import Checkpointer
     from wmrl.rl.trainer import Trainer
 
@@ -217,7 +220,7 @@ def run(
 
     log = _Log(workdir, write_outputs)
     ckpt = Checkpointer(workdir, config.rl.keep_checkpoints)
-    pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s or None)
+    pool = make_executor(config.suite)  # suite.executor: this host's pool or one per Ray node
     trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, workdir)
     try:
         st = trainer.initial_state(policy_params, wm_params)

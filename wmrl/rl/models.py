@@ -178,14 +178,19 @@ def build_policy(config, vocab_size: int, tx, mesh, seed: int) -> Model:
 
 def build_wm(config, vocab_size: int, tx, mesh, seed: int, trunk_params=None) -> Model:
     """The world model of `config.wm`; with `pretrained.wm_trunk` its trunk has the
-    checkpoint's architecture and starts from `trunk_params` (the imported policy weights,
-    copied), the heads from random."""
-    if pretrained.enabled(config) and config.pretrained.wm_trunk:
-        trunk = pretrained.model_config(config, seq_len(config))
+    checkpoint's architecture, with `wm.trunk_from_policy` the tiny policy's, and it starts
+    from `trunk_params` (the imported or warm-started policy weights, copied; the paper's WM
+    shares the agent's backbone), the heads from random."""
+    from_checkpoint = pretrained.enabled(config) and config.pretrained.wm_trunk
+    if from_checkpoint or config.wm.trunk_from_policy:
+        if from_checkpoint:
+            trunk = pretrained.model_config(config, seq_len(config))
+        else:
+            trunk = policy_config(config, vocab_size)
         cfg = WorldModelConfig(trunk=trunk, num_members=config.wm.num_members,
                                num_classes=NUM_CLASSES)  # fmt: skip
         if trunk_params is None:
-            raise ValueError("build_wm: pretrained.wm_trunk needs the imported trunk_params")
+            raise ValueError("build_wm: a WM trunk shared with the policy needs trunk_params")
         factory = lambda: WorldModel(cfg, rngs=nnx.Rngs(seed))
         heads = _init_heads(factory, mesh)
         params = {**heads, "trunk": jax.tree.map(jnp.copy, trunk_params)}
@@ -208,17 +213,24 @@ def sft_step(m: Model, example: dict, prompt_width: int = 0):
     return make_train_step(m.graphdef, m.tx, loss, masked_token_count, m.shardings, example, m.mesh)
 
 
-def policy_step(m: Model, example: dict, config):
-    loss = PolicyLossConfig(
+def policy_loss_config(config) -> PolicyLossConfig:
+    return PolicyLossConfig(
         clip_eps=config.rl.clip_eps, kl_coef=config.rl.kl_coef,
+        entropy_coef=config.rl.entropy_coef,
         logits_from=config.data.max_prompt_len,  # the rows' prompt width (no loss there)
     )  # fmt: skip
+
+
+def policy_step(m: Model, example: dict, config):
+    loss = policy_loss_config(config)
     micro = config.rl.num_micro_batches
     return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss, micro)
 
 
-def wm_step(m: Model, example: dict):
-    return make_wm_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh)
+def wm_step(m: Model, example: dict, rank_coef: float = 0.0):
+    """The WM train step; with `rank_coef` (and `group` in the batch) the within-group
+    pairwise ranking loss is added to the NLL."""
+    return make_wm_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, rank_coef=rank_coef)
 
 
 def wm_batch(rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members: int) -> dict:
@@ -226,10 +238,14 @@ def wm_batch(rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members:
     per member (zero for ungraded rows, which carry no target)."""
     valid = rows["valid"][idx].astype(np.float32)
     weights = rng.poisson(1.0, (len(idx), num_members)).astype(np.float32) * valid[:, None]
-    return {
+    out = {
         "tokens": rows["tokens"][idx],
         "input_mask": rows["input_mask"][idx],
         "target": rows["target"][idx],
         "class_label": np.where(rows["valid"][idx], rows["class_label"][idx], -1).astype(np.int32),
         "member_weights": weights,
     }
+    if "group" in rows:  # the task of each row: the ranking loss's pairs
+        out["group"] = rows["group"][idx].astype(np.int32)
+        out["graded"] = rows["valid"][idx].astype(bool)
+    return out

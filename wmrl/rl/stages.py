@@ -32,7 +32,8 @@ STAGE_FIELDS = {
     "wm_pretrain": (
         "seed", "suite.dir", "suite.tasks", "data", "pretrained", "wm.d_model", "wm.num_layers",
         "wm.mlp_dim", "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size",
-        "wm.learning_rate",
+        "wm.learning_rate", "wm.rank_coef", "wm.group_rows", "wm.trunk_from_policy",
+        "wm.validation_every", "policy",
     ),
 }  # fmt: skip
 
@@ -152,12 +153,47 @@ def wm_rows(config, prepared, split: str) -> dict:
         config.data.max_prompt_len, config.data.max_new_tokens,
     )  # fmt: skip
     rows.update(rldata.reward_targets(recs))
+    index = {t.id: i for i, t in enumerate(tasks)}
+    rows["group"] = np.array([index[r["task_id"]] for r in recs], np.int32)
+    rows["script_index"] = np.array([r["index"] for r in recs], np.int32)
     return rows
 
 
-def wm_report(score_fn, params, rows: dict, batch: int = 64) -> dict:
+def split_validation(rows: dict, every: int) -> tuple[dict, dict | None]:
+    """`(fit rows, validation rows)`: with `every` = k > 0 every k-th executed script of each
+    training task is held out of pretraining, so the report can say how well the WM ranks
+    *new scripts of seen tasks* (what it scores during RL) over many tasks, not only the few
+    held-out tasks."""
+    if every <= 0:
+        return rows, None
+    val = rows["script_index"] % every == every - 1
+    return {k: v[~val] for k, v in rows.items()}, {k: v[val] for k, v in rows.items()}
+
+
+def within_task_spearman(scores: np.ndarray, targets: np.ndarray, group: np.ndarray) -> dict:
+    """Mean over tasks of the Spearman correlation of WM score vs real reward among one task's
+    scripts (what GRPO uses), over the tasks where it is defined (both sides vary)."""
+    corrs = []
+    for g in np.unique(group):
+        s, y = scores[group == g], targets[group == g]
+        if len(s) >= 2 and np.ptp(s) > 0 and np.ptp(y) > 0:
+            corrs.append(float(spearman(s, y)))
+    return {"mean": float(np.mean(corrs)) if corrs else None, "tasks": len(corrs)}
+
+
+def grouped_rows(rng: np.random.Generator, group: np.ndarray, batch: int, per_group: int):
+    """A batch of row indices made of `batch // per_group` tasks x `per_group` of their rows
+    (drawn with replacement), so the ranking loss sees scripts of one task side by side."""
+    tasks = np.unique(group)
+    picked = rng.choice(tasks, batch // per_group, replace=len(tasks) < batch // per_group)
+    by_task = {t: np.nonzero(group == t)[0] for t in picked}
+    return np.concatenate([rng.choice(by_task[t], per_group) for t in picked])
+
+
+def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool = True) -> dict:
     """Calibration (interval ECE from the predictive variance) and Spearman rank correlation
-    of WM score vs real reward, over the graded rows."""
+    of WM score vs real reward (pooled, and within each task), over the graded rows; with
+    `keep_scores` also the scores and targets themselves."""
     keep = np.nonzero(rows["valid"])[0]
     scores, pvar = [], []
     for i in range(0, len(keep), batch):
@@ -175,9 +211,9 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64) -> dict:
         "n": len(keep),
         "ece": float(interval_ece(s, v, y)),
         "spearman": float(spearman(s, y)),
+        "within_task_spearman": within_task_spearman(s, y, rows["group"][keep]),
         "rmse": float(np.sqrt(np.mean((s - y) ** 2))),
-        "scores": s.tolist(),
-        "targets": y.tolist(),
+        **({"scores": s.tolist(), "targets": y.tolist()} if keep_scores else {}),
     }
 
 
@@ -189,15 +225,21 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
     from wmrl.models.train_steps import make_wm_score_fn
 
     train, held = wm_rows(config, prepared, "train"), wm_rows(config, prepared, "heldout")
+    train, validation = split_validation(train, config.wm.validation_every)
     n, bs, steps = len(train["tokens"]), config.wm.batch_size, config.wm.pretrain_steps
     m = wm.with_optimizer(models.adam(config.wm.learning_rate, steps, warmup=max(steps // 20, 1)))
     rng = np.random.default_rng(config.seed + 1)
     example = models.wm_batch(train, np.arange(bs) % n, rng, config.wm.num_members)
-    step = models.wm_step(m, example)
+    step = models.wm_step(m, example, config.wm.rank_coef)
     state, t0, mse = m.state, time.monotonic(), float("nan")
     bar = tqdm(range(steps), desc="world model pretraining", disable=not progress)
+    per_group = config.wm.group_rows
     for i in bar:
-        b = models.wm_batch(train, rng.integers(0, n, bs), rng, config.wm.num_members)
+        if per_group > 1:
+            idx = grouped_rows(rng, train["group"], bs, per_group)
+        else:
+            idx = rng.integers(0, n, bs)
+        b = models.wm_batch(train, idx, rng, config.wm.num_members)
         state, metrics = step(state, b)
         if i % 10 == 0 or i == steps - 1:
             mse = float(metrics["mse"][0]) / max(float(metrics["mse"][1]), 1.0)
@@ -208,7 +250,10 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
         "train_examples": n,
         "final_train_mse": mse,
         "heldout": wm_report(score_fn, state.params, held),
+        "train": wm_report(score_fn, state.params, train, keep_scores=False),
         "time_s": time.monotonic() - t0,
     }
+    if validation is not None:
+        report["validation"] = wm_report(score_fn, state.params, validation, keep_scores=False)
     save_params(stage_dir, state.params, report, config)
     return state.params, report

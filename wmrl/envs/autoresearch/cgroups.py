@@ -7,8 +7,9 @@ inside it is reported so the grader calls it a runtime error.
 
 The job cgroup is created *inside the supervisor's own cgroup* (so whoever
 accounts for this process tree still accounts for the sandboxes), is entered
-by the supervisor before it forks the sandbox (children inherit it), and is
-removed when the execution is over. Only cgroup v1 hierarchies are used; on a
+by the script's process first thing after its fork (its children inherit it; the
+supervisor stays outside, so what the script leaves charged there cannot starve it), and
+is removed when the execution is over. Only cgroup v1 hierarchies are used; on a
 host without them (or without permission) the sandbox runs without this layer
 and says so in its isolation level.
 """
@@ -64,21 +65,51 @@ def available() -> bool:
     return _AVAILABLE
 
 
-class JobCgroup:
-    """One execution's memory + pids cgroup. Use from the supervisor process."""
+_CPU: bool | None = None
+CFS_PERIOD_US = 100_000
 
-    def __init__(self, name: str, memory_bytes: int, pids_max: int):
-        self.parents = {c: _own_dir(c) for c in CONTROLLERS}
+
+def cpu_available() -> bool:
+    """True if job cgroups also get a CPU quota (the v1 cpu controller is writable)."""
+    global _CPU
+    if _CPU is None:
+        _CPU = False
+        own = _own_dir("cpu")
+        if own is not None and available():
+            probe = own / f"wmrl-probe-{os.getpid()}"
+            try:
+                probe.mkdir()
+                _CPU = (probe / "cpu.cfs_quota_us").exists()
+            except OSError:
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    probe.rmdir()
+    return _CPU
+
+
+class JobCgroup:
+    """One execution's memory + pids (+ cpu quota) cgroup, made by the supervisor and
+    entered by the script's process."""
+
+    def __init__(self, name: str, memory_bytes: int, pids_max: int, cpu_cores: float = 1.0):
+        controllers = CONTROLLERS + (("cpu",) if cpu_available() else ())
+        self.parents = {c: _own_dir(c) for c in controllers}
         self.dirs = {c: p / name for c, p in self.parents.items()}
-        self.dirs["memory"].mkdir()
-        self.dirs["pids"].mkdir()
+        for d in self.dirs.values():
+            d.mkdir()
         (self.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory_bytes))
         with contextlib.suppress(OSError):  # only where swap accounting is on
             (self.dirs["memory"] / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
         (self.dirs["pids"] / "pids.max").write_text(str(pids_max))
+        if "cpu" in self.dirs:  # a hard cap over all its processes: affinity can be undone
+            (self.dirs["cpu"] / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+            quota = max(1000, int(cpu_cores * CFS_PERIOD_US))
+            (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
 
     def enter(self) -> None:
-        """Move the calling process (and so its future children) into the job cgroup."""
+        """Move the calling process (and so its future children) into the job cgroup: the
+        script's process, before it does anything, never its supervisor."""
         for d in self.dirs.values():
             (d / "cgroup.procs").write_text(str(os.getpid()))
 
@@ -90,11 +121,8 @@ class JobCgroup:
         fields = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
         return int(fields.get("oom_kill", 0)) > 0
 
-    def leave_and_remove(self, timeout: float = 2.0) -> None:
-        """Move back to the parent cgroups and delete the job's (once its processes are gone)."""
-        for parent in self.parents.values():
-            with contextlib.suppress(OSError):
-                (parent / "cgroup.procs").write_text(str(os.getpid()))
+    def remove(self, timeout: float = 2.0) -> None:
+        """Delete the job's cgroups (once its processes are gone; the caller is outside)."""
         deadline = time.monotonic() + timeout
         for d in self.dirs.values():
             while True:
@@ -117,7 +145,7 @@ def remove_stale(name: str, timeout: float = 3.0) -> None:
     so a live sandbox is never touched.
     """
     deadline = time.monotonic() + timeout
-    for controller in CONTROLLERS:
+    for controller in (*CONTROLLERS, "cpu"):
         parent = _own_dir(controller)
         while parent is not None:
             try:
@@ -129,3 +157,28 @@ def remove_stale(name: str, timeout: float = 3.0) -> None:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.001)
+
+
+def remove_dead_owners(alive) -> list[str]:
+    """Remove job cgroups (``wmrl-<owner tag>-<job>``) and probes (``wmrl-probe-<pid>``)
+    whose owner is dead, under this process's own cgroups; ``alive(tag)`` decides (None:
+    not a tag, leave it). Only empty cgroups can be removed, so a live job is never
+    touched. Returns the names removed."""
+    removed = []
+    for controller in (*CONTROLLERS, "cpu"):
+        parent = _own_dir(controller)
+        if parent is None:
+            continue
+        for d in parent.glob("wmrl-*"):
+            rest = d.name[len("wmrl-") :]
+            tag = rest.split("-", 1)[0] if not rest.startswith("probe-") else None
+            if tag is not None and alive(tag) is not False:
+                continue
+            if tag is None:
+                pid = rest[len("probe-") :]
+                if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                    continue
+            with contextlib.suppress(OSError):
+                d.rmdir()
+                removed.append(f"{controller}/{d.name}")
+    return removed

@@ -45,11 +45,12 @@ def execute_corpus(
     mistake_rate: float = 0.3,
     workers: int | None = None,
     progress: bool = True,
+    executor_config=None,
 ) -> Path:
     """Execute the authored corpus, resumably; return the executions.jsonl path."""
     from tqdm import tqdm
 
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.envs.autoresearch.executor import make_executor
 
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -75,9 +76,13 @@ def execute_corpus(
                 plan.append((task, i, spec, source))
     if not plan:
         return log_path
-    with SandboxPool(workers) as pool, open(log_path, "a") as log:
+    # Keyed by (task, index): a resumed build executes the rest with the seeds they would
+    # have had in one go.
+    pool = make_executor(executor_config, workers=workers, time_limit_cap_s=0, seed=seed)
+    with pool, open(log_path, "a") as log:
         futures = {
-            pool.submit(task, source): (task, i, spec, source) for task, i, spec, source in plan
+            pool.submit(task, source, key=f"{task.id}/{i}"): (task, i, spec, source)
+            for task, i, spec, source in plan
         }
         bar = tqdm(total=len(plan), desc="executing", disable=not progress)
         for fut in pool.as_completed(futures):

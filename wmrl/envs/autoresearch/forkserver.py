@@ -13,20 +13,29 @@ from __future__ import annotations
 
 import os
 
-# Single-threaded BLAS before numpy is imported: forking a process with live
-# BLAS threads is unsafe, and each sandbox slot owns one core.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"
+# Single-threaded BLAS and no jemalloc background thread, before anything is imported:
+# forking a process with live threads is unsafe, and each sandbox slot owns one core. (The
+# pool starts us with exactly these in a minimal environment; set here for direct runs.)
+os.environ.update(
+    OMP_NUM_THREADS="1",
+    OPENBLAS_NUM_THREADS="1",
+    MKL_NUM_THREADS="1",
+    VECLIB_MAXIMUM_THREADS="1",
+    NUMEXPR_NUM_THREADS="1",
+    JE_ARROW_MALLOC_CONF="background_thread:false",
+)
 
-import contextlib  # noqa: E402
-import importlib  # noqa: E402
-import json  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-import traceback  # noqa: E402
+import contextlib
+import importlib
+import json
+import signal
+import sys
+import traceback
 
 PREIMPORT = (
     "numpy",
+    "numpy.random",  # reseeded in every execution: its first import would cost ~30 ms there
+    "random",
     "pandas",
     "scipy.sparse",
     "sklearn",
@@ -85,7 +94,7 @@ def _run_supervisor(job: dict) -> None:
 
 
 def main() -> None:
-    from wmrl.envs.autoresearch import sandbox
+    from wmrl.envs.autoresearch import linux, sandbox
 
     # No PR_SET_PDEATHSIG here: it fires when the *thread* that started us
     # exits (the pool may restart us from a worker thread). The pool's death
@@ -97,9 +106,13 @@ def main() -> None:
             except ImportError:
                 continue
     isolation = sandbox.detect_isolation()
+    linux.keyring_filter()  # built once here, installed by each execution
     base_vm_mb = sandbox._vm_size_mb()
     out = sys.stdout
-    out.write(json.dumps({"ready": True, "isolation": isolation, "base_vm_mb": base_vm_mb}))
+    # The fork code below assumes this process owns no threads besides this one.
+    threads = len(os.listdir("/proc/self/task"))
+    hello = {"ready": True, "isolation": isolation, "base_vm_mb": base_vm_mb, "threads": threads}
+    out.write(json.dumps(hello))
     out.write("\n")
     out.flush()
     wake_r, wake_w = os.pipe()

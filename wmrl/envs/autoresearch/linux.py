@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import functools
 import os
+import platform
 import signal
+import struct
 import sys
 import time
 
@@ -20,7 +24,8 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 38, 22
+SECCOMP_MODE_FILTER = 2
 
 
 SANDBOX_DATA = "/sandbox/data"
@@ -54,6 +59,11 @@ def _system_binds() -> list[str]:
     for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
         paths.append(os.path.realpath(p))
     paths.append(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    # Site directories outside the prefixes (a .pth file's, a user site): a script's lazy
+    # imports read them. Other sys.path entries (the checkout, the cwd) stay out of view.
+    for p in sys.path:
+        if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p):
+            paths.append(os.path.realpath(p))
     out: list[str] = []
     for p in sorted(set(paths), key=len):
         if os.path.lexists(p) and not any(p == q or p.startswith(q + "/") for q in out):
@@ -68,7 +78,7 @@ def build_root(job: dict) -> None:
     the supervisor, which reads the submission from it afterwards).
     """
     root = os.path.join(job["workdir"], "root")
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=0755")
     # Data, work dir and /tmp first: the Python installation may itself live under /tmp (a
     # checkout or venv there), and its bind must then land inside the job's /tmp, not under it.
     data, work = root + SANDBOX_DATA, root + SANDBOX_WORK
@@ -89,7 +99,7 @@ def build_root(job: dict) -> None:
         mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     dev = root + "/dev"
     os.makedirs(dev)
-    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755")
     for name in ("null", "zero", "random", "urandom"):
         open(f"{dev}/{name}", "w").close()
         mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
@@ -101,9 +111,9 @@ def build_root(job: dict) -> None:
     ):
         os.symlink(target, f"{dev}/{name}")
     os.makedirs(dev + "/shm")
-    mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=1777")
+    mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,nr_inodes=1024,mode=1777")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m")
+    mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096")
     os.chroot(root)
     os.chdir(SANDBOX_WORK)
 
@@ -156,3 +166,83 @@ def kill_uid(uid: int, timeout: float = 2.0) -> None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.005)
+
+
+# Kernel keyrings are per uid, not per namespace: a key one execution adds is readable by
+# the next one in the same slot (and outlives the pool). The sandbox denies the three
+# keyring syscalls outright. (audit arch, (add_key, request_key, keyctl)) per machine.
+_KEYRING_SYSCALLS = {
+    "x86_64": (0xC000003E, (248, 249, 250)),
+    "aarch64": (0xC00000B7, (217, 218, 219)),
+}
+
+
+@functools.cache
+def keyring_filter():
+    """The seccomp program (built once, in the template, so each execution only installs
+    it): add_key, request_key and keyctl fail with EPERM, as does every syscall of a
+    foreign ABI (x32, or i386 through int 0x80, with other numbers). None on a machine
+    whose syscall numbers are not known here."""
+    known = _KEYRING_SYSCALLS.get(platform.machine())
+    if known is None:
+        return None
+    arch, numbers = known
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW / _ERRNO
+    # Each check below jumps forward to the final "deny" when it matches.
+    checks = [(jge_k, 0x40000000)] + [(jeq_k, nr) for nr in numbers]  # x32 numbers, then ours
+    prog = [
+        (ld_w_abs, 0, 0, 4),  # A = seccomp_data.arch
+        (jeq_k, 1, 0, arch),  # native ABI: skip the next instruction
+        (ret_k, 0, 0, deny),
+        (ld_w_abs, 0, 0, 0),  # A = seccomp_data.nr
+    ]
+    prog += [(code, len(checks) - i, 0, k) for i, (code, k) in enumerate(checks)]
+    prog += [(ret_k, 0, 0, allow), (ret_k, 0, 0, deny)]
+    raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    buf = ctypes.create_string_buffer(raw, len(raw))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    return buf, SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
+
+
+def deny_keyring_syscalls() -> bool:
+    """Install the keyring seccomp filter (``keyring_filter``) on the calling process.
+
+    Needs no_new_privs (or CAP_SYS_ADMIN); inherited by children and kept across execve.
+    Returns False on a machine whose syscall numbers are not known here.
+    """
+    built = keyring_filter()
+    if built is None:
+        return False
+    ret = _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(built[1]), 0, 0)
+    check_call(ret, "seccomp")
+    return True
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of a live process, None if there is none:
+    with the pid, an identity that a reused pid does not share."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[19])  # field 22 of stat(5); fields here start at field 3
+
+
+def owner_tag() -> str:
+    """ "<pid>.<start time>" of this process: names what it leaves on the host (work dirs,
+    job cgroups) so that a later process can tell whether the owner is still alive."""
+    return f"{os.getpid()}.{process_start_time(os.getpid())}"
+
+
+def owner_alive(tag: str) -> bool | None:
+    """Whether the process named by ``owner_tag`` is alive; None if ``tag`` is not one."""
+    pid, _, start = tag.partition(".")
+    if not (pid.isascii() and pid.isdigit() and start.isascii() and start.isdigit()):
+        return None
+    return process_start_time(int(pid)) == int(start)

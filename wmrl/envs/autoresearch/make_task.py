@@ -1,7 +1,9 @@
 """Build a task directory from any CSV: split, card, hidden labels, leaderboard.
 
     python -m wmrl.envs.autoresearch.make_task --csv=FILE --target=COL --metric=M \\
-        --out=DIR [--test-fraction=0.25] [--time-limit=60] [--memory-mb=2048]
+        --out=DIR [--test_fraction=0.25] [--time_limit=60] [--memory_mb=2048] \\
+        [--id_column=COL] [--overwrite] [--executor=local|ray] \\
+        [--ray_address=auto|local|ray://host:port]
 
 The leaderboard is computed by running the fixed baseline pool
 (``author.baseline_specs``) through the sandbox, so a task's percentiles are
@@ -22,7 +24,14 @@ from absl import app, flags
 from wmrl.envs.autoresearch import author
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.metrics import get_metric
-from wmrl.envs.autoresearch.task import Task, TaskError, load_task
+from wmrl.envs.autoresearch.task import (
+    Task,
+    TaskError,
+    check_id,
+    check_memory_mb,
+    check_time_limit,
+    load_task,
+)
 
 
 def task_info(task: Task) -> author.TaskInfo:
@@ -101,18 +110,42 @@ def write_task(
     summary: str = "",
     split: str = "train",
     seed: int = 0,
+    id_column: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write the task files (leaderboard empty); raise TaskError on bad input."""
+    """Write the task files (leaderboard empty); raise TaskError on bad input.
+
+    ``id_column``: a column of the CSV that already identifies its rows (unique, no
+    missing values), used as the task's id column instead of a new ``id`` (or ``row_id``).
+    ``out`` may already hold a task (it is replaced) or be an empty directory; anything
+    else is refused unless ``overwrite``.
+    """
     m = get_metric_or_task_error(metric)
+    check_id(task_id)
+    time_limit_s = check_time_limit(time_limit_s)
+    memory_mb = check_memory_mb(memory_mb)
+    if df.columns.duplicated().any():
+        dups = sorted({str(c) for c in df.columns[df.columns.duplicated()]})
+        raise TaskError(f"the CSV has duplicated column names: {dups}")
     if target not in df.columns:
         raise TaskError(f"target {target!r} absent from the CSV (columns: {list(df.columns)})")
     if not 0.0 < test_fraction < 1.0:
         raise TaskError(f"test fraction must be in (0, 1), got {test_fraction}")
     df = df[df[target].notna()].reset_index(drop=True)
-    id_col = "id" if "id" not in df.columns else "row_id"
+    if id_column is not None:
+        if id_column not in df.columns:
+            raise TaskError(f"id column {id_column!r} absent from the CSV")
+        if id_column == target:
+            raise TaskError(f"id column {id_column!r} is the target")
+        if df[id_column].isna().any() or df[id_column].duplicated().any():
+            raise TaskError(f"id column {id_column!r} must be unique with no missing values")
     rng = np.random.default_rng(seed)
     df = df.iloc[rng.permutation(len(df))].reset_index(drop=True)
-    df.insert(0, id_col, np.arange(len(df)))
+    if id_column is None:
+        id_col = "id" if "id" not in df.columns else "row_id"
+        df.insert(0, id_col, np.arange(len(df)))
+    else:
+        id_col = id_column
     class_counts = None
     if m.task_type == "classification":
         if m.needs_scores:
@@ -146,8 +179,7 @@ def write_task(
         "rows": {"train": len(train), "test": len(test)},
     }
     out = Path(out)
-    if out.exists():
-        shutil.rmtree(out)
+    _clear_out(out, overwrite)
     (out / "public").mkdir(parents=True)
     (out / "private").mkdir()
     os.chmod(out / "private", 0o700)  # unreadable to the sandbox's unprivileged uid
@@ -158,6 +190,25 @@ def write_task(
     (out / "task.json").write_text(json.dumps(meta, indent=2))
     (out / "leaderboard.json").write_text(json.dumps({"metric": m.name, "scores": []}))
     return out
+
+
+def _clear_out(out: Path, overwrite: bool) -> None:
+    """Make room for a task at ``out``: replace a task, keep an empty directory, and delete
+    anything else only when told to (``--overwrite``)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    is_task = out.is_dir() and not out.is_symlink() and (out / "task.json").is_file()
+    if out.is_dir() and not out.is_symlink() and not is_task and not any(out.iterdir()):
+        return
+    if not is_task and not overwrite:
+        raise TaskError(
+            f"--out {out} exists and does not hold a task (no task.json); refusing to delete "
+            "it: pass --overwrite to replace it, or choose another directory"
+        )
+    if out.is_dir() and not out.is_symlink():
+        shutil.rmtree(out)
+    else:
+        out.unlink()
 
 
 def get_metric_or_task_error(name: str):
@@ -203,6 +254,21 @@ def build_leaderboard(task_dir: str | os.PathLike, pool=None) -> dict:
     return board
 
 
+def read_csv(path: str) -> pd.DataFrame:
+    """The input CSV, or a TaskError saying what is wrong with the file."""
+    try:
+        df = pd.read_csv(path, encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"CSV file {path} is not UTF-8 text ({e})") from e
+    except pd.errors.EmptyDataError as e:
+        raise TaskError(f"CSV file {path} is empty") from e
+    except pd.errors.ParserError as e:
+        raise TaskError(f"CSV file {path} could not be parsed: {e}") from e
+    if df.empty:
+        raise TaskError(f"CSV file {path} has a header but no rows")
+    return df
+
+
 FLAGS = flags.FLAGS
 
 
@@ -211,12 +277,18 @@ def _define_flags() -> None:
     flags.DEFINE_string("csv", None, "input CSV file")
     flags.DEFINE_string("target", None, "target column")
     flags.DEFINE_string("metric", None, "accuracy | f1_macro | roc_auc | rmse | mae | r2")
-    flags.DEFINE_string("out", None, "task directory to write (replaced if it exists)")
+    flags.DEFINE_string("out", None, "task directory to write (an existing task there is replaced)")
+    flags.DEFINE_bool("overwrite", False, "replace --out even if it is not a task directory")
+    flags.DEFINE_string(
+        "id_column", None, "a column that already identifies the rows (default: add `id`)"
+    )
     flags.DEFINE_string("id", None, "task id (default: the out dir's name)")
     flags.DEFINE_float("test_fraction", 0.25, "fraction of rows held out as the test set")
     flags.DEFINE_float("time_limit", 60.0, "wall-clock seconds per execution")
     flags.DEFINE_integer("memory_mb", 2048, "memory budget per execution")
     flags.DEFINE_integer("workers", None, "sandbox slots for the baselines (default: cores)")
+    flags.DEFINE_enum("executor", "local", ["local", "ray"], "where the baselines run")
+    flags.DEFINE_string("ray_address", "auto", "executor=ray: auto | local | ray://host:port")
 
 
 def main(argv) -> None:
@@ -226,20 +298,28 @@ def main(argv) -> None:
             raise app.UsageError(f"--{name} is required")
     if not os.path.isfile(FLAGS.csv):
         raise app.UsageError(f"CSV file {FLAGS.csv} does not exist")
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.envs.autoresearch.executor import make_executor
 
-    out = write_task(
-        pd.read_csv(FLAGS.csv),
-        FLAGS.out,
-        task_id=FLAGS.id or Path(FLAGS.out).name,
-        target=FLAGS.target,
-        metric=FLAGS.metric,
-        test_fraction=FLAGS.test_fraction,
-        time_limit_s=FLAGS.time_limit,
-        memory_mb=FLAGS.memory_mb,
-        provenance={"source": os.path.basename(FLAGS.csv), "licence": "as the input CSV"},
+    pool = make_executor(  # first: a bad --ray_address fails before anything is written
+        executor=FLAGS.executor, workers=FLAGS.workers, ray_address=FLAGS.ray_address
     )
-    with SandboxPool(FLAGS.workers) as pool:
+    with pool:
+        try:
+            out = write_task(
+                read_csv(FLAGS.csv),
+                FLAGS.out,
+                task_id=FLAGS.id or Path(FLAGS.out).resolve().name,
+                target=FLAGS.target,
+                metric=FLAGS.metric,
+                test_fraction=FLAGS.test_fraction,
+                time_limit_s=FLAGS.time_limit,
+                memory_mb=FLAGS.memory_mb,
+                provenance={"source": os.path.basename(FLAGS.csv), "licence": "as the input CSV"},
+                id_column=FLAGS.id_column,
+                overwrite=FLAGS.overwrite,
+            )
+        except TaskError as e:
+            raise app.UsageError(str(e)) from e
         board = build_leaderboard(out, pool)
     print(json.dumps({"task": str(out), "leaderboard": board["scores"]}))
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -31,7 +33,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from wmrl.envs.autoresearch import cgroups, sandbox
+from wmrl.envs.autoresearch import cgroups, linux, sandbox
 from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
 from wmrl.envs.autoresearch.sandbox import Limits
 from wmrl.envs.autoresearch.task import Task
@@ -66,13 +68,111 @@ class InfrastructureError(RuntimeError):
     """The sandbox machinery failed; not the script's fault."""
 
 
+class SandboxStartupError(RuntimeError):
+    """The pool's start-up check failed: every execution would be mis-graded, so none run."""
+
+
+# The start-up check: what a solution does (pandas on the data, scikit-learn on a DataFrame,
+# numpy), plus reads a library never imported by the template, as any solution's lazy import
+# (e.g. scikit-learn's DataFrame interchange code) does. Prints the marker only if all of it
+# works as the sandbox uid, in the sandbox's own view of the file system.
+CANARY = """
+import importlib, os, sys
+import numpy as np
+import pandas as pd
+import scipy
+import sklearn
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+for module in (os, importlib, np, pd, scipy, sklearn):
+    with open(module.__file__, "rb") as f:
+        f.read(1)
+for name in ("colorsys", "wave", "tomllib", "graphlib", "zipapp"):
+    if name not in sys.modules:
+        importlib.import_module(name)
+        break
+d = os.environ["DATA_DIR"]
+train = pd.read_csv(os.path.join(d, "train.csv"))
+test = pd.read_csv(os.path.join(d, "test.csv"))
+X, y = train[["a", "b"]], train["y"]
+model = make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y)
+RandomForestClassifier(n_estimators=3, random_state=0).fit(X, y)
+pred = model.predict(test[["a", "b"]])
+pd.DataFrame({"id": test["id"], "y": pred}).to_csv(os.environ["SUBMISSION_PATH"], index=False)
+print("wmrl-canary-ok", float(np.mean(pred)))
+"""
+
+
+def _canary_task(root: Path) -> Task:
+    """A 40-row task (y = a > 0), written here rather than by make_task (no leaderboard)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"id": np.arange(40), "a": rng.normal(size=40), "b": rng.normal(size=40)})
+    df["y"] = (df["a"] > 0).astype(int)
+    (root / "public").mkdir(parents=True)
+    (root / "private").mkdir(mode=0o700)
+    df[:30].to_csv(root / "public" / "train.csv", index=False)
+    df[30:].drop(columns=["y"]).to_csv(root / "public" / "test.csv", index=False)
+    df[30:][["id", "y"]].to_csv(root / "private" / "test_labels.csv", index=False)
+    (root / "public" / "description.md").write_text("start-up check\n")
+    return Task(
+        root=root,
+        id="canary",
+        type="classification",
+        metric_name="accuracy",
+        target="y",
+        id_column="id",
+        time_limit_s=60.0,
+        memory_mb=1024,
+        provenance={},
+        split="train",
+        reference_scores=(0.5,),
+    )
+
+
+def unreachable_paths(paths: Iterable[str]) -> list[str]:
+    """The directories on these paths that a uid other than their owner cannot traverse.
+
+    Sandbox uids are in no group and own nothing on the host, so only the "other"
+    permission bits count. Every blocking directory is named (each one needs fixing).
+    """
+    found = set()
+    for path in paths:
+        p = Path(os.path.realpath(path))
+        for d in [p, *p.parents] if p.is_dir() else list(p.parents):
+            with contextlib.suppress(OSError):
+                mode = d.stat().st_mode
+                if not mode & 0o001:
+                    found.add(f"{d} (mode {mode & 0o777:04o})")
+    return sorted(found)
+
+
+def _installation_paths() -> list[str]:
+    """Where a script's imports come from: the interpreter, stdlib and site-packages."""
+    import sysconfig
+
+    import numpy
+    import pandas
+    import sklearn
+
+    paths = [sys.executable, sys.prefix, sys.base_prefix]
+    paths += [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    paths += [os.path.dirname(m.__file__) for m in (numpy, pandas, sklearn)]
+    return [p for p in paths if p and os.path.exists(p)]
+
+
 class _TemplateProcess:
     """The forkserver child and a reader thread that wakes waiting jobs."""
 
-    def __init__(self, preimport: bool):
+    def __init__(self, preimport: bool, home: str):
         repo_root = str(Path(__file__).resolve().parents[3])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo_root, env.get("PYTHONPATH")]))
+        # Nothing of the trainer's environment: every script is a fork of this process.
+        env = {**sandbox.base_env(), "HOME": home, "PYTHONPATH": repo_root}
         cmd = [sys.executable, "-m", "wmrl.envs.autoresearch.forkserver"]
         if not preimport:
             cmd.append("--no-preimport")
@@ -83,6 +183,13 @@ class _TemplateProcess:
         if not line:
             raise InfrastructureError("sandbox template process failed to start")
         hello = json.loads(line)
+        if hello.get("threads", 1) != 1:
+            self.close()
+            raise SandboxStartupError(
+                f"the sandbox template runs {hello['threads']} threads after its imports "
+                "(forking it would copy locks held by threads that do not exist in the "
+                "child); a library started a thread at import time"
+            )
         self.isolation: str = hello["isolation"]
         self.base_vm_mb: int = hello["base_vm_mb"]
         self._lock = threading.Lock()
@@ -129,6 +236,29 @@ class _TemplateProcess:
             self.proc.wait()
 
 
+def clean_dead_owners(parent: str) -> list[str]:
+    """Remove what killed pools left behind: ``wmrl-sandbox-<owner>-*`` work roots under
+    ``parent`` and ``wmrl-<owner>-*`` job cgroups, whose owner process (pid + start time)
+    is gone. A live owner's, another uid's, or anything not named this way, is left
+    alone."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            if not entry.name.startswith("wmrl-sandbox-") or not entry.is_dir(
+                follow_symlinks=False
+            ):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue  # not one we could have made: someone else's, left alone
+            tag = entry.name[len("wmrl-sandbox-") :].rsplit("-", 1)[0]
+            if linux.owner_alive(tag) is False:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    if cgroups.available():
+        removed += cgroups.remove_dead_owners(linux.owner_alive)
+    return removed
+
+
 def _check_traversable(path: str) -> None:
     """rlimits mode runs scripts as an unprivileged uid that must reach its work dir."""
     p = Path(path)
@@ -153,6 +283,15 @@ class SandboxPool:
         limits apply unless overridden here.
       time_limit_cap_s: caps every task's own time limit (e.g. a quick experiment on a
         suite whose tasks allow minutes); None keeps the tasks' limits.
+      seed: the run's seed; each execution's ``random`` / ``numpy.random`` state is seeded
+        from it and the execution's key (``submit``), so unseeded scripts vary between
+        executions like fresh interpreters and repeat exactly when a resumed run
+        re-executes the same key.
+      startup_check: run the canary script (``CANARY``) once through the sandbox before
+        accepting work and raise ``SandboxStartupError`` (naming the paths the sandbox uid
+        cannot reach) if it fails: otherwise every script of a broken setup would score
+        RUNTIME_ERROR and RL would train on garbage. Turn it off only to test the isolation
+        of a setup known to fail it.
     """
 
     def __init__(
@@ -162,16 +301,29 @@ class SandboxPool:
         prefork: bool = True,
         workroot: str | None = None,
         time_limit_cap_s: float | None = None,
+        startup_check: bool = True,
+        seed: int = 0,
         **limit_overrides,
     ):
         self.num_workers = num_workers or os.cpu_count() or 1
         self.prefork = prefork
+        self.seed = int(seed)
         self._limit_overrides = limit_overrides
         self._time_limit_cap_s = time_limit_cap_s
-        self._workroot = tempfile.mkdtemp(prefix="wmrl-sandbox-", dir=workroot)
+        self._submitted: dict[tuple[str, str], int] = {}
+        # Named after this process (pid + start time): a later pool removes it if we are
+        # killed before close() (clean_dead_owners), and never while we live.
+        self.owner = linux.owner_tag()
+        self.cleaned = clean_dead_owners(workroot or tempfile.gettempdir())
+        self._workroot = tempfile.mkdtemp(prefix=f"wmrl-sandbox-{self.owner}-", dir=workroot)
         os.chmod(self._workroot, 0o755)
+        # Each slot's core, where no job cgroup CPU quota caps a script at one core (a script
+        # can widen its affinity; pinning under a quota would only add scheduling latency).
+        cpus = sorted(os.sched_getaffinity(0))
+        pin = not (cgroups.available() and cgroups.cpu_available())
+        self._slot_cpus = [[cpus[i % len(cpus)]] if pin else [] for i in range(self.num_workers)]
         self._template_lock = threading.Lock()
-        self._template = _TemplateProcess(preimport=prefork)
+        self._template = _TemplateProcess(prefork, self._workroot)
         host_level, _, cgroup = self._template.isolation.partition("+")
         if isolation not in ("auto", host_level, "rlimits"):
             self.close()
@@ -186,7 +338,8 @@ class SandboxPool:
             _check_traversable(self._workroot)
         if self.num_workers > sandbox.UID_BLOCK:
             raise ValueError(f"at most {sandbox.UID_BLOCK} workers per pool")
-        self.uid_base = sandbox.allocate_uid_block()
+        self._uid_block = sandbox.UidBlock.claim()
+        self.uid_base = self._uid_block.base
         self._stale_cgroups: list[str] = []
         self._slots: queue.Queue[int] = queue.Queue()
         for i in range(self.num_workers):
@@ -194,15 +347,61 @@ class SandboxPool:
         self._executor = cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix="sandbox")
         self._pending = 0
         self._pending_lock = threading.Lock()
+        if startup_check:
+            try:
+                self._startup_check()
+            except BaseException:
+                self.close()
+                raise
+
+    def _startup_check(self) -> None:
+        """Run ``CANARY`` for real; raise SandboxStartupError naming what is unreachable."""
+        canary_root = Path(self._workroot) / "canary-task"
+        try:
+            task = _canary_task(canary_root)
+            # Its own limits: a tight time_limit_cap_s must not fail a loaded machine's check.
+            limits = dataclasses.replace(self._limits(task), time_limit_s=120.0)
+            r = self._execute(task, CANARY.encode(), "canary", limits)
+        finally:
+            shutil.rmtree(canary_root, ignore_errors=True)
+        if r.status == Status.VALID and "wmrl-canary-ok" in r.stdout_tail:
+            return
+        msg = (
+            f"sandbox start-up check failed ({self.isolation}): the canary script scored "
+            f"{r.status.name} ({r.detail}); every execution would be mis-graded."
+        )
+        blocked = unreachable_paths(_installation_paths()) if self._level == "rlimits" else []
+        if blocked and os.geteuid() == 0:
+            msg += (
+                " The sandbox runs as an unprivileged uid that cannot traverse "
+                + ", ".join(blocked)
+                + " on the way to the Python installation (interpreter, stdlib or "
+                "site-packages). Put the checkout, its virtualenv and the Python they use "
+                "under world-traversable directories (chmod o+x), or use the namespaces "
+                "isolation (root with CAP_SYS_ADMIN), which mounts the installation into "
+                "the sandbox's own view."
+            )
+        raise SandboxStartupError(msg + "\nstderr of the canary:\n" + r.stderr_tail[-1500:])
 
     # -- public API ----------------------------------------------------------
 
-    def submit(self, task: Task, script: str | bytes) -> cf.Future:
-        """Queue one execution; the future resolves to an ExecutionResult (never raises)."""
+    def submit(self, task: Task, script: str | bytes, key: str | None = None) -> cf.Future:
+        """Queue one execution; the future resolves to an ExecutionResult (never raises).
+
+        ``key`` names the execution for its seed (``sandbox.execution_seed(seed, key)``):
+        a resumed run that passes the same key gets the same random state. By default it
+        is the task id, the script's hash and how many times this pool was given that pair
+        before, which is reproducible when the submissions come in the same order.
+        """
         source = script.encode("utf-8") if isinstance(script, str) else bytes(script)
         with self._pending_lock:
             self._pending += 1
-        fut = self._executor.submit(self._execute, task, source)
+            if key is None:
+                pair = (task.id, hashlib.sha256(source).hexdigest())
+                n = self._submitted.get(pair, 0)
+                self._submitted[pair] = n + 1
+                key = f"{pair[0]}:{pair[1]}:{n}"
+        fut = self._executor.submit(self._execute, task, source, key)
         fut.add_done_callback(self._on_done)
         return fut
 
@@ -213,9 +412,9 @@ class SandboxPool:
     def as_completed(futures: Iterable[cf.Future]) -> Iterator[cf.Future]:
         return cf.as_completed(list(futures))
 
-    def run(self, task: Task, script: str | bytes) -> ExecutionResult:
+    def run(self, task: Task, script: str | bytes, key: str | None = None) -> ExecutionResult:
         """Blocking convenience for one execution."""
-        return self.submit(task, script).result()
+        return self.submit(task, script, key).result()
 
     def free_slots(self) -> int:
         """Slots not taken by running or queued executions."""
@@ -229,6 +428,8 @@ class SandboxPool:
         for name in getattr(self, "_stale_cgroups", []):
             cgroups.remove_stale(name)
         shutil.rmtree(self._workroot, ignore_errors=True)
+        if hasattr(self, "_uid_block"):
+            self._uid_block.release()
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -253,10 +454,12 @@ class SandboxPool:
         with self._template_lock:
             if not self._template.alive():
                 self._template.close()
-                self._template = _TemplateProcess(preimport=self.prefork)
+                self._template = _TemplateProcess(self.prefork, self._workroot)
             return self._template
 
-    def _execute(self, task: Task, source: bytes) -> ExecutionResult:
+    def _execute(
+        self, task: Task, source: bytes, key: str, limits: Limits | None = None
+    ) -> ExecutionResult:
         t0 = time.monotonic()
         problem = check_script(source)
         if problem is not None:
@@ -275,7 +478,8 @@ class SandboxPool:
         last_error = ""
         for attempt in (1, 2):
             try:
-                return dataclasses.replace(self._attempt(task, source), attempts=attempt)
+                result = self._attempt(task, source, key, limits or self._limits(task))
+                return dataclasses.replace(result, attempts=attempt)
             except Exception as e:  # infrastructure: retry once, then UNGRADED
                 last_error = f"{type(e).__name__}: {e}"
         return ExecutionResult(
@@ -292,14 +496,14 @@ class SandboxPool:
             attempts=2,
         )
 
-    def _attempt(self, task: Task, source: bytes) -> ExecutionResult:
-        limits = self._limits(task)
+    def _attempt(self, task: Task, source: bytes, key: str, limits: Limits) -> ExecutionResult:
         slot = self._slots.get()
         workdir = job = None
         reported = False
+        uid = self.uid_base + slot
         try:
-            workdir = Path(tempfile.mkdtemp(prefix=f"{task.id[:40]}-", dir=self._workroot))
-            os.chmod(workdir, 0o755)
+            prefix = re.sub(r"[^A-Za-z0-9._-]", "_", task.id[:40]) + "-"
+            workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=self._workroot))  # 0700
             (workdir / "out").mkdir()
             (workdir / "root").mkdir()
             if self._level == "namespaces":
@@ -310,16 +514,22 @@ class SandboxPool:
                 for name in ("train.csv", "test.csv", "description.md"):
                     shutil.copyfile(task.public_dir / name, data_dir / name)
             (workdir / "script.py").write_bytes(source)
+            if self._level == "rlimits" and os.geteuid() == 0:
+                # The slot's own 0700 directory: a sibling slot (another uid) cannot enter
+                # it to copy the data, the script or the submission.
+                os.chown(workdir, uid, uid)
             job = {
-                "id": uuid.uuid4().hex,
+                "id": f"{self.owner}-{uuid.uuid4().hex}",
                 "workdir": str(workdir),
                 "data_dir": str(data_dir),
                 "limits": limits.to_json(),
                 "slot": slot,
-                "uid": self.uid_base + slot,
+                "uid": uid,
                 "isolation": self._level,
                 "cgroup": self._cgroup,
                 "prefork": self.prefork,
+                "seed": sandbox.execution_seed(self.seed, key),
+                "cpus": self._slot_cpus[slot],
             }
             self._template_for_job().run(job, timeout=limits.time_limit_s + 60)
             raw = json.loads((workdir / "result.json").read_text())

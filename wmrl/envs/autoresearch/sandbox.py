@@ -23,14 +23,24 @@ Isolation levels (``detect_isolation`` picks the strongest the host allows):
     files, no core dumps), a wall-clock timeout that kills the whole group,
     capped stdout/stderr capture. As root it also drops to a per-slot uid
     (so it cannot signal its supervisor or read 0700 ``private/`` dirs) and
-    kills every process of that uid afterwards. Does NOT protect against:
-    network access, reading world-readable host files, a daemon that leaves
-    the process group when not running as root, and filling the disk with many
-    files each under the file-size limit.
+    kills every process of that uid afterwards; each slot works in its own 0700
+    directory owned by its uid. Does NOT protect against: network access,
+    reading world-readable host files, state left in world-writable host
+    directories between executions, a daemon that leaves the process group
+    when not running as root, and filling the disk with many files each under
+    the file-size limit.
+
+Both levels: an allowlisted environment (``base_env``: nothing of the
+trainer's, not even on the forked stack), a seccomp filter denying the kernel
+keyring syscalls (keyrings are per uid and would carry state between
+executions), per-execution seeds for ``random``/``numpy.random`` in prefork
+mode (``execution_seed``), and, without a CPU quota, the slot's own core by
+affinity.
 
 ``+cgroup`` (either level, where cgroup v1 is writable): a per-execution
-memory + pids cgroup caps the total over all the script's processes (see
-``cgroups``); an OOM kill there is graded as a runtime error.
+memory + pids (+ CPU quota of one core) cgroup caps the total over all the
+script's processes (see ``cgroups``); only the script's processes are in it,
+not the supervisor; an OOM kill there is graded as a runtime error.
 
 The supervisor (``supervise``) runs in a forked child of the pool's template
 process (see ``forkserver``). With ``prefork`` the script itself runs in a fork
@@ -43,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import os
 import resource
@@ -52,6 +63,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -72,7 +84,9 @@ from wmrl.envs.autoresearch.linux import (
     SANDBOX_DATA,
     SANDBOX_WORK,
     build_root,
+    deny_keyring_syscalls,
     kill_uid,
+    live_pids_with_uid,
     mount,
     prctl,
     unshare,
@@ -81,6 +95,7 @@ from wmrl.envs.autoresearch.linux import (
 UID_BASE = 61000  # sandbox uids need not exist in /etc/passwd
 UID_BLOCK = 64  # uids per pool: one per slot
 UID_BLOCKS = 32000  # sandbox uids live in [UID_BASE, UID_BASE + UID_BLOCK * UID_BLOCKS)
+WORK_INODES = 16384  # files + directories in a namespaces work dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,18 +162,79 @@ def _detect_base_isolation() -> str:
     return _ISOLATION
 
 
+class UidBlock:
+    """A block of sandbox uids held by one pool for its lifetime (slot i runs as base + i).
+
+    Claimed with an exclusive ``flock`` on a per-block lock file, so distinct pools (in this
+    process or any other on the host) never share a block while they live; the lock goes
+    with the pool (or its process, however it dies). A block that still has live processes
+    (a crashed pool's stragglers) is skipped. RLIMIT_NPROC, signals and the rlimits-mode uid
+    sweep therefore never touch another pool's sandboxes.
+    """
+
+    def __init__(self, base: int, lock_fd: int):
+        self.base, self._fd = base, lock_fd
+
+    @classmethod
+    def claim(cls) -> UidBlock:
+        import fcntl
+
+        lock_dir = Path(tempfile.gettempdir()) / f"wmrl-sandbox-uids-{os.geteuid()}"
+        with contextlib.suppress(FileExistsError):
+            lock_dir.mkdir(mode=0o700)
+        # Someone else's directory there (a sandbox script may write to /tmp in rlimits mode)
+        # could hold every lock, or plant symlinks for us to open: refuse it.
+        info = os.lstat(lock_dir)
+        if (
+            not stat.S_ISDIR(info.st_mode)
+            or info.st_uid != os.geteuid()
+            or stat.S_IMODE(info.st_mode) & 0o077
+        ):
+            raise RuntimeError(
+                f"{lock_dir} is not a private directory of uid {os.geteuid()}: remove it"
+            )
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        start = (os.getpid() * 7919 + next(_pool_counter)) % UID_BLOCKS
+        for i in range(UID_BLOCKS):
+            block = (start + i) % UID_BLOCKS
+            fd = os.open(lock_dir / f"{block}.lock", flags, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            base = UID_BASE + UID_BLOCK * block
+            if live_pids_with_uid(base, base + UID_BLOCK):
+                os.close(fd)
+                continue
+            return cls(base, fd)
+        raise RuntimeError("no free sandbox uid block")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 _pool_counter = itertools.count()
 
 
-def allocate_uid_block() -> int:
-    """First uid of a fresh block for one pool (slot i runs as block + i).
+def execution_seed(run_seed: int, key: str) -> int:
+    """The seed of one execution: a function of the run's seed and the execution's key
+    only, so a resumed run that re-executes the same key draws the same numbers."""
+    digest = hashlib.sha256(f"{run_seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
 
-    Distinct pools (in this process or others on the host) get distinct
-    blocks, so RLIMIT_NPROC, signals and the rlimits-mode uid sweep never
-    touch another pool's sandboxes.
-    """
-    block = (os.getpid() % (UID_BLOCKS // 16)) * 16 + next(_pool_counter) % 16
-    return UID_BASE + UID_BLOCK * block
+
+def _reseed(seed: int) -> None:
+    """In a prefork script: what a fresh interpreter would do with its own entropy, done
+    with the execution's seed. (The hash seed is fixed; see ``base_env``.)"""
+    import random
+
+    random.seed(seed)
+    nprandom = sys.modules.get("numpy.random")  # pre-imported by the template
+    if nprandom is not None:
+        nprandom.seed(seed % 2**32)
 
 
 def _vm_size_mb() -> int:
@@ -169,20 +245,50 @@ def _vm_size_mb() -> int:
     return 0
 
 
+# Thread caps (each slot owns one core; forking live BLAS threads is unsafe) and the
+# template's single-threadedness: pyarrow's bundled jemalloc would otherwise start a
+# background thread as soon as pandas loads it.
+THREAD_CAPS = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
+}
+# Host settings passed through when set: some hosts need the BLAS core type forced.
+HOST_PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def base_env() -> dict[str, str]:
+    """The environment every sandbox process starts from, the template included.
+
+    Built from an explicit allowlist, nothing inherited: a prefork script is a fork of the
+    template, and the template's original environment strings stay on its stack (where a
+    script can read them back with process_vm_readv) whatever os.environ says later. The
+    hash seed is fixed (0) in every execution, prefork or fresh interpreter, so set and
+    dict iteration orders are reproducible.
+    """
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "TZ": "UTC",
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **THREAD_CAPS,
+    }
+    env.update({k: os.environ[k] for k in HOST_PASSTHROUGH if k in os.environ})
+    return env
+
+
 def _script_env(data_dir: str, work_dir: str) -> dict[str, str]:
     """The whole environment the script gets: nothing inherited from the host."""
     return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        **base_env(),
         "HOME": work_dir,
         "TMPDIR": os.path.join(work_dir, "tmp"),
-        "LANG": "C.UTF-8",
         "DATA_DIR": data_dir,
         "SUBMISSION_PATH": os.path.join(work_dir, "submission.csv"),
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONHASHSEED": "0",
     }
 
 
@@ -211,14 +317,13 @@ def _become_script(
         limits = job["limits"]
         cpu = int(limits["time_limit_s"]) + 1
         mem = (job["base_vm_mb"] + limits["memory_mb"]) * 2**20
-        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
-            f.write("0")  # the supervisor is exempt from OOM kills; the script is not
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a credential change clears it
         prctl(PR_SET_NO_NEW_PRIVS, 1)
+        deny_keyring_syscalls()
         for res, val in (
             (resource.RLIMIT_CPU, (cpu, cpu + 1)),
             (resource.RLIMIT_AS, (mem, mem)),
@@ -236,6 +341,7 @@ def _become_script(
             os.execve(sys.executable, [sys.executable, "-B", script], env)
         os.environ.clear()
         os.environ.update(env)
+        _reseed(job["seed"])
         sys.argv = [script]
         sys.path[0] = os.getcwd()
         import runpy
@@ -327,24 +433,24 @@ class _Tail:
         return self.buf.decode("utf-8", errors="replace")
 
 
-def _enter_job_cgroup(job: dict):
-    """Put the supervisor (and so the whole sandbox) in a fresh memory + pids cgroup.
+def _make_job_cgroup(job: dict):
+    """A fresh memory + pids cgroup for the script's processes (not the supervisor's).
 
-    The cap covers the script's memory plus its tmpfs work dir and /dev/shm,
-    with slack for the supervisor, which is exempted from the OOM
-    killer so that an OOM kill always lands on the script's processes.
+    The cap covers the script's memory plus its tmpfs work dir and /dev/shm, with slack.
+    The supervisor stays outside it, in the pool's cgroup: whatever the script leaves
+    charged to the job (tmpfs pages and inodes outlive their writer), the supervisor's own
+    allocations (reading the submission, reporting) never compete with it, so a full job
+    cgroup can only OOM-kill the script's processes, and the outcome is always graded.
     Returns None (and the run says so) if the cgroup cannot be made.
     """
     limits = job["limits"]
     mem = (limits["memory_mb"] + limits["disk_mb"] + 16 + 64) * 2**20
     try:
-        cg = cgroups.JobCgroup(f"wmrl-{job['id']}", mem, limits["nproc"] + 16)
-        cg.enter()
+        return cgroups.JobCgroup(
+            f"wmrl-{job['id']}", mem, limits["nproc"] + 16, cpu_cores=job.get("cpu_cores", 1.0)
+        )
     except OSError:
         return None
-    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
-        f.write("-1000")
-    return cg
 
 
 def _drain(fds: dict[int, _Tail], until: float) -> None:
@@ -372,7 +478,9 @@ def _prepare_work_dir(job: dict, uid: int | None) -> str:
         # sees it and it vanishes with the supervisor.
         owner = f",uid={uid},gid={uid}" if uid is not None else ""
         size = job["limits"]["disk_mb"]
-        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,mode=0700{owner}")
+        # Inodes are capped too: they are kernel memory charged to the job, not to size=.
+        opts = f"size={size}m,nr_inodes={WORK_INODES},mode=0700{owner}"
+        mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, opts)
     os.makedirs(os.path.join(work, "tmp"))
     shutil.copyfile(os.path.join(job["workdir"], "script.py"), os.path.join(work, "script.py"))
     if uid is not None:
@@ -381,7 +489,9 @@ def _prepare_work_dir(job: dict, uid: int | None) -> str:
     return work
 
 
-def _start_script(job: dict, uid: int | None, work: str, out_w: int, err_w: int, ready_w: int):
+def _start_script(
+    job: dict, uid: int | None, work: str, out_w: int, err_w: int, ready_w: int, cgroup
+):
     """Fork the script process and return its pid.
 
     With namespaces the script is PID 1 of its own PID namespace, so its exit
@@ -393,8 +503,12 @@ def _start_script(job: dict, uid: int | None, work: str, out_w: int, err_w: int,
     if pid:
         return pid
     try:
+        if cgroup is not None:  # first, so that everything the script does is charged to it
+            cgroup.enter()
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         os.setsid()
+        if job.get("cpus"):  # no CPU quota here: at least keep to the slot's own core
+            os.sched_setaffinity(0, job["cpus"])
         if job["isolation"] == "namespaces":
             build_root(job)
             env = _script_env(SANDBOX_DATA, SANDBOX_WORK)
@@ -424,7 +538,7 @@ def supervise(job: dict, report=None) -> dict:
     limits = job["limits"]
     isolation = job["isolation"]
     uid = int(job["uid"]) if os.geteuid() == 0 else None
-    cgroup = _enter_job_cgroup(job) if job.get("cgroup") else None
+    cgroup = _make_job_cgroup(job) if job.get("cgroup") else None
     if isolation == "namespaces":
         unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNS)
         mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -433,7 +547,7 @@ def supervise(job: dict, report=None) -> dict:
     err_r, err_w = os.pipe()
     ready_r, ready_w = os.pipe()
     tails = {out_r: _Tail(limits["output_tail_bytes"]), err_r: _Tail(limits["output_tail_bytes"])}
-    pid = _start_script(job, uid, work, out_w, err_w, ready_w)
+    pid = _start_script(job, uid, work, out_w, err_w, ready_w, cgroup)
     for fd in (out_w, err_w, ready_w):
         os.close(fd)
     try:
@@ -499,5 +613,5 @@ def supervise(job: dict, report=None) -> dict:
     if report is not None:
         report(result)
     if cgroup is not None:
-        cgroup.leave_and_remove()
+        cgroup.remove()
     return result

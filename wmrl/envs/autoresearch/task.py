@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 from pathlib import Path
 
 from wmrl.envs.autoresearch.metrics import Metric, get_metric
@@ -27,6 +29,38 @@ REQUIRED_FIELDS = ("id", "type", "metric", "target", "id_column", "time_limit_s"
 
 class TaskError(ValueError):
     """A task directory that does not follow the format."""
+
+
+# Ids name directories (the sandbox's work dirs among them): ASCII letters, digits, ".", "_"
+# and "-", starting with a letter or digit, so "../../x" or "/tmp/x" cannot be one.
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", re.ASCII)
+
+
+def check_id(task_id) -> str:
+    """The id, if it is a valid task id; TaskError naming the rule otherwise."""
+    if not isinstance(task_id, str) or not ID_PATTERN.fullmatch(task_id):
+        raise TaskError(
+            f"task id {task_id!r} is not valid: use 1-100 ASCII letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit"
+        )
+    return task_id
+
+
+def check_time_limit(value) -> float:
+    """A positive, finite number of seconds (NaN or Infinity would make every run UNGRADED)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TaskError(f"time_limit_s must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise TaskError(f"time_limit_s must be positive and finite, got {value!r}")
+    return float(value)
+
+
+def check_memory_mb(value) -> int:
+    """A positive whole number of MB."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float)
+    if not ok or not math.isfinite(value) or value != int(value) or value <= 0:
+        raise TaskError(f"memory_mb must be a positive whole number of MB, got {value!r}")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +97,11 @@ class Task:
 
 
 def _read_header(path: Path) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        line = f.readline().rstrip("\r\n")
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline().rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path} is not UTF-8 text ({e})") from e
     if not line:
         raise TaskError(f"{path} is empty")
     return [c.strip().strip('"') for c in line.split(",")]
@@ -104,6 +141,9 @@ def load_task(root: str | os.PathLike) -> Task:
             f"task type is {meta['type']}"
         )
     target, id_col = meta["target"], meta["id_column"]
+    for field in ("target", "id_column"):
+        if not isinstance(meta[field], str) or not meta[field]:
+            raise TaskError(f"task {root.name}: {field} must be a column name, got {meta[field]!r}")
     train_cols = _read_header(root / "public/train.csv")
     test_cols = _read_header(root / "public/test.csv")
     label_cols = _read_header(root / "private/test_labels.csv")
@@ -124,17 +164,21 @@ def load_task(root: str | os.PathLike) -> Task:
         scores = tuple(float(s) for s in board["scores"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise TaskError(f"task {root.name}: leaderboard.json needs a 'scores' list ({e})") from e
-    if float(meta["time_limit_s"]) <= 0 or int(meta["memory_mb"]) <= 0:
-        raise TaskError(f"task {root.name}: time_limit_s and memory_mb must be positive")
+    try:
+        task_id = check_id(meta["id"])
+        time_limit_s = check_time_limit(meta["time_limit_s"])
+        memory_mb = check_memory_mb(meta["memory_mb"])
+    except TaskError as e:
+        raise TaskError(f"task {root.name}: {e}") from e
     return Task(
         root=root,
-        id=str(meta["id"]),
+        id=task_id,
         type=meta["type"],
         metric_name=metric.name,
         target=target,
         id_column=id_col,
-        time_limit_s=float(meta["time_limit_s"]),
-        memory_mb=int(meta["memory_mb"]),
+        time_limit_s=time_limit_s,
+        memory_mb=memory_mb,
         provenance=dict(meta.get("provenance", {})),
         split=str(meta.get("split", "train")),
         reference_scores=scores,
