@@ -151,6 +151,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.correction.min_pairs = 24  # monotone map: identity until this many anchor pairs
     c.correction.refit_every = 8
     c.correction.num_bins = 10
+    # Equal-width bins (the paper's) or equal-mass (quantiles of the window's WM scores); the
+    # map is blended with the identity (weight min_slope) so it is strictly increasing.
+    c.correction.bin_spacing = "equal_width"
+    c.correction.min_slope = 0.05
     c.correction.capacity = 5000
     c.correction.denoise_warmup_groups = 4
     c.correction.denoise_half_life = 16.0

@@ -53,3 +53,33 @@ def test_keyed_offsets_apply_by_arm_then_learn_from_the_anchor_pairs():
     again = correct(c.correction, r_wm, anchor_env, jnp.array([1]), **kw)
     # Offsets learnt from the pairs: arm 0: 0.5 - 0.2 = 0.3, arm 1: 0.9 - 0.4 = 0.5.
     np.testing.assert_allclose(again.calibrated, [0.2, 0.4, 0.2, 0.4], atol=1e-6)
+
+
+def test_the_static_anchors_control_gives_wm_rows_one_shared_reward():
+    """`constant_on`: WM rows the static check does not fix get the control's shared reward
+    (the prior before any anchor), fixed rows keep theirs, anchors their real rewards; then
+    the unflagged, graded anchor rewards are folded into the shared reward (hand EMA)."""
+    from wmrl.core import fidelity
+    from wmrl.core.correct import MODE_SPECS, MODES
+
+    assert "static_anchors" in MODES and MODE_SPECS["static_anchors"].constant
+    spec = MODE_SPECS["static_anchors"]
+    assert spec.uses_wm and not spec.debias and not spec.denoise
+    deb = DebiasConfig(mode="none")
+    corr = init_correction_state(deb, prior_reward=0.4)
+    r_wm = jnp.array([0.9, 0.1, 0.7, 0.3, 0.5, 0.6])  # 3 groups of 2; group 2 is the anchor
+    static = jnp.array([False, True, False, False, False, True])
+    static_reward = jnp.array([0.0, 0.1, 0.0, 0.0, 0.0, 0.0])
+    anchor_env = jnp.array([[0.8, 0.0]])
+    ok = jnp.array([[True, True]])
+    c = correct(
+        corr, r_wm, anchor_env, jnp.array([2]), group_size=2, debias_on=False,
+        denoise_on=False, debias_cfg=deb, denoise_cfg=DENOISE, anchor_ok=ok,
+        static_mask=static, static_reward=static_reward, constant_on=True,
+    )  # fmt: skip
+    np.testing.assert_allclose(c.rewards, [0.4, 0.1, 0.4, 0.4, 0.8, 0.0], atol=1e-6)
+    assert float(c.weight) == 1.0
+    d = 0.5 ** (1 / 64.0)  # only the anchor's unflagged row (0.8) is folded in
+    assert float(fidelity.anchor_mean(c.correction.anchor_mean)) == pytest.approx(
+        (1 - d) * 0.8 / (1 - d), rel=1e-6
+    )

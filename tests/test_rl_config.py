@@ -140,6 +140,10 @@ NAN, INF = float("nan"), float("inf")
         ("rl.temperature", -0.5), ("rl.clip_eps", -0.1), ("rl.kl_coef", NAN),
         ("suite.time_limit_s", 0.0), ("suite.time_limit_s", -3.0), ("suite.time_limit_s", NAN),
         ("suite.time_limit_s", INF), ("policy.num_layers", 0), ("wm.num_layers", 0),
+        ("correction.bin_spacing", "quantile"), ("correction.min_slope", 1.0),
+        ("correction.min_slope", NAN), ("correction.rho", -0.1), ("correction.rho", NAN),
+        ("rl.std_eps", 0.0), ("rl.entropy_coef", -1.0), ("wm.rank_coef", NAN),
+        ("wm.group_rows", 0),
     ],
 )  # fmt: skip
 def test_bad_number_is_named(field, value):

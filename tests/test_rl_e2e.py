@@ -15,6 +15,7 @@ from wmrl.rl.experiment import run
 STEP_KEYS = (
     "step", "wall_time_s", "generate_s", "execute_s", "wm_score_s", "train_s", "train_reward",
     "anchor_fraction", "calibrated", "bias_reduction", "anchor_weight", "wm_rank_corr",
+    "rho", "wm_stream_corr", "wm_stream_collapsed_groups",
 )  # fmt: skip
 SUMMARY_KEYS = (
     "warmstart_heldout_reward", "final_heldout_reward", "wall_time_s", "time_to_target_s",
@@ -26,7 +27,7 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-MODES = ["real", "wm_only", "debias_only", "denoise_only", "wmrl"]
+MODES = ["real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors"]
 
 
 @pytest.mark.parametrize(
@@ -56,6 +57,7 @@ def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
     for r in step_recs:
         assert set(STEP_KEYS) <= set(r)
         assert r["anchor_fraction"] == anchors_per_step / B
+        assert r["rho"] == (1.0 if mode == "real" else 0.25)  # the tiny config's target
     # Which step's anchor outcomes each step trained on: its own, or (lagged) the previous
     # step's, none in the first step.
     expected_from = [None, 1] if lagged else [1, 2]
@@ -89,6 +91,8 @@ def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
         assert (predicted == "MALFORMED") == (p["status"] == int(Status.MALFORMED))
         if predicted == "RUNTIME_ERROR":
             assert p["status"] in (int(Status.RUNTIME_ERROR), int(Status.TIMEOUT)), p
+    if mode == "static_anchors":
+        _check_the_control(pairs, step_recs, data_dir)
     for name in ("heldout_reward.png", "wm_calibration.png", "corrections.png"):
         assert (wd / "plots" / name).stat().st_size > 1000
     assert list((wd / "tb").glob("events.out.tfevents.*"))
@@ -109,6 +113,26 @@ def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
         graded = sorted(j["reward"] for j in trained if j["status"] != int(Status.UNGRADED))
         assert n == len(graded)
         np.testing.assert_allclose(sorted(np.asarray(replay["target"])[:n]), graded, atol=1e-6)
+
+
+def _check_the_control(pairs, step_recs, data_dir):
+    """`static_anchors`: every learned (not statically fixed) row of a step gets one shared
+    reward; before any anchor outcome it is the mean reward of the executed training corpus's
+    unflagged scripts (computed here from the data stage's own log)."""
+    from wmrl.envs.autoresearch.grader import static_outcome
+
+    log = read_jsonl(data_dir / "trajectories" / "executions.jsonl")
+    prior = np.mean([
+        r["reward"] for r in log if r["split"] == "train" and r["reward"] is not None
+        and static_outcome(r["script"].encode(), names=True) is None
+    ])  # fmt: skip
+    assert step_recs[0]["static_anchors_reward"] == pytest.approx(prior, abs=1e-5)
+    for p in pairs:  # anchors trained on at step 2 were calibrated with step 2's value
+        if not p["static"]:
+            assert p["r_cal"] == pytest.approx(step_recs[1]["static_anchors_reward"], abs=1e-5)
+    for r in step_recs:  # a constant stream has no order: no within-group correlation
+        assert r["wm_stream_corr"] is None
+        assert r["anchor_weight"] == 1.0
 
 
 def test_warmup_compiles_every_step_function(rl_shared, tmp_path):

@@ -5,8 +5,10 @@
 
 Runs the shared stages once into DIR/shared (the data stage in DIR/shared/data, the warm start
 and the world-model pretraining in DIR/shared/init, unless the config names other
-`data_dir` / `init_dir`), then `real` and `wmrl` (with `--ablations` also `wm_only`,
-`debias_only`, `denoise_only`), each in DIR/<mode>, one after the other, every one from the
+`data_dir` / `init_dir`), then `real`, `wmrl` and the control `static_anchors` (the same
+anchors and static check, every other WM row one shared reward: what `wmrl` gains over it is
+the world model's contribution; with `--ablations` also `wm_only`, `debias_only`,
+`denoise_only`), each in DIR/<mode>, one after the other, every one from the
 same warm-start and WM checkpoints with the same seed and sandbox pool size.
 
 Each stage and each mode runs in a fresh process, so no mode inherits another's JIT caches

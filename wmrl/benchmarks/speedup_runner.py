@@ -17,9 +17,12 @@ from pathlib import Path
 from wmrl.core.correct import MODE_SPECS
 from wmrl.jsonl import read_jsonl
 
-MODES = ("real", "wmrl")
+# By default `real`, `wmrl` and the control `static_anchors` (DESIGN.md 3.9: the same anchors
+# and static check, a WM that knows only the average): what `wmrl` gains over the control is
+# what the world model contributes.
+MODES = ("real", "wmrl", "static_anchors")
 ABLATIONS = ("wm_only", "debias_only", "denoise_only")
-ALL_MODES = tuple(MODE_SPECS)  # real, wm_only, debias_only, denoise_only, wmrl
+ALL_MODES = tuple(MODE_SPECS)  # real, wm_only, debias_only, denoise_only, wmrl, static_anchors
 UNLIMITED_STEPS = 10**9  # the step limit under a wall-clock budget (the budget ends the run)
 # Under a budget, held-out evaluations at EVAL_POINTS training wall-clock points spaced
 # geometrically from budget / EVAL_SPAN to the budget (a constant ~1.37x apart): time ratios

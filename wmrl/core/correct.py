@@ -17,22 +17,30 @@ import jax.numpy as jnp
 
 from wmrl.core import debias as debias_lib
 from wmrl.core import denoise as denoise_lib
+from wmrl.core import fidelity
 from wmrl.core.grpo import apply_anchor_weight, group_advantages
 from wmrl.core.state import CorrectionState
 from wmrl.core.stats import spearman
 
-MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
+MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModeSpec:
     """`real`: every group executed, no WM (standard GRPO). The others execute only the anchor
     groups (same routing for all, so ablations differ only in the corrections) and fine-tune
-    the WM on them; WM groups get the WM score, raw or calibrated."""
+    the WM on them; WM groups get the WM score, raw or calibrated.
+
+    `constant`: the control `static_anchors` (DESIGN.md 3.9): the same anchors and static
+    check as `wmrl`, but every WM row the check does not fix gets one shared reward, the
+    recent mean real reward of unflagged anchor scripts (a world model that knows only the
+    average); anchor weight 1, no calibration. What `wmrl` gains over it is what the world
+    model contributes."""
 
     uses_wm: bool
     debias: bool
     denoise: bool
+    constant: bool = False
 
 
 MODE_SPECS = {
@@ -41,6 +49,7 @@ MODE_SPECS = {
     "debias_only": ModeSpec(uses_wm=True, debias=True, denoise=False),
     "denoise_only": ModeSpec(uses_wm=True, debias=False, denoise=True),
     "wmrl": ModeSpec(uses_wm=True, debias=True, denoise=True),
+    "static_anchors": ModeSpec(uses_wm=True, debias=False, denoise=False, constant=True),
 }
 
 
@@ -52,7 +61,7 @@ class Correction(NamedTuple):
     rewards: jax.Array  # [N] real rewards on anchor rows, the WM stream's elsewhere
     valid: jax.Array  # [N] bool, False on ungraded anchor rows (masked, never scored 0)
     weight: jax.Array  # the anchor weight for this step's anchor groups (1 when off)
-    anchors: dict  # [A, G] views of the anchor groups: raw, stream, env, ok, full [A]
+    anchors: dict  # [A, G] views of the anchor groups: raw, stream, env, ok, learned; full [A]
 
 
 def correct(
@@ -71,6 +80,7 @@ def correct(
     static_mask: jax.Array | None = None,
     static_reward: jax.Array | None = None,
     refit: bool = True,
+    constant_on: bool = False,
 ) -> Correction:
     """One step of Online Debiasing and stream-level denoising on N = B*G rows.
 
@@ -79,7 +89,9 @@ def correct(
     keys: [N] debiasing keys (arms) for keyed offsets; static_mask / static_reward: [N] rows
     whose outcome is known without execution and that reward (they replace the WM score, and
     their pairs stay out of the map); refit: refit the monotone map when due (the bandits
-    refit outside their vmap over seeds instead).
+    refit outside their vmap over seeds instead); constant_on: the `static_anchors` control
+    (every WM score replaced by the shared reward `fidelity.anchor_mean`, which then folds in
+    this step's unflagged anchor rewards).
 
     The calibration applied to this step's scores is the estimator as it was *before* this
     step's pairs (out of sample). The anchor weight is read *after* this step's anchor groups
@@ -92,6 +104,8 @@ def correct(
     """
     G = group_size
     calibrated = debias_lib.apply_debias(corr.debias, r_wm, keys, debias_cfg) if debias_on else r_wm
+    if constant_on:
+        calibrated = jnp.full_like(r_wm, fidelity.anchor_mean(corr.anchor_mean))
     stream = (
         calibrated if static_mask is None else jnp.where(static_mask, static_reward, calibrated)
     )
@@ -102,9 +116,12 @@ def correct(
     take = lambda x: x.reshape(-1, G)[anchor_index]
     a = {"raw": take(r_wm), "stream": take(stream), "env": anchor_env, "ok": ok}
     a["full"] = ok.all(axis=1)  # groups with every trajectory graded
-    deb, den = corr.debias, corr.denoise
+    deb, den, mean = corr.debias, corr.denoise, corr.anchor_mean
+    pairs = ok if static_mask is None else ok & ~take(static_mask)  # the learned anchor rows
+    a["learned"] = pairs
+    if constant_on:
+        mean = fidelity.update_anchor_mean(mean, anchor_env.reshape(-1), pairs.reshape(-1))
     if debias_on:
-        pairs = ok if static_mask is None else ok & ~take(static_mask)
         k = None if keys is None else take(keys).reshape(-1)
         deb = debias_lib.update_debias(
             deb, a["raw"].reshape(-1), anchor_env.reshape(-1), k, pairs.reshape(-1), debias_cfg,
@@ -113,7 +130,7 @@ def correct(
     if denoise_on:
         den = denoise_lib.update_denoise(den, a["stream"], anchor_env, denoise_cfg, a["full"])
     weight = denoise_lib.anchor_weight(den, denoise_cfg) if denoise_on else jnp.float32(1.0)
-    new = CorrectionState(debias=deb, denoise=den)
+    new = CorrectionState(debias=deb, denoise=den, anchor_mean=mean)
     return Correction(new, calibrated, rewards, valid, weight, a)
 
 
@@ -134,6 +151,7 @@ def correct_rewards(
     denoise_cfg: denoise_lib.DenoiseConfig,
     normalize_std: bool,
     baseline: str,
+    std_eps: float = 1e-6,
 ):
     """The trainer's step: `correct`, then advantages and statistics (jitted per config).
 
@@ -156,6 +174,7 @@ def correct_rewards(
         correction, r_wm, take(r_env), anchor_index, group_size=G, debias_on=spec.debias,
         denoise_on=spec.denoise, debias_cfg=debias_cfg, denoise_cfg=denoise_cfg,
         anchor_ok=take(env_valid), static_mask=static_mask, static_reward=static_reward,
+        constant_on=spec.constant,
     )  # fmt: skip
     a, full = c.anchors, c.anchors["full"]
     masked = lambda x: jnp.where(full[:, None], x, 0.0).reshape(-1)
@@ -165,7 +184,20 @@ def correct_rewards(
         jnp.where(ok, a["raw"].reshape(-1), 0.0), jnp.where(ok, a["env"].reshape(-1), 0.0)
     )
     adv = group_advantages(
-        c.rewards, G, valid=c.valid, normalize_std=normalize_std, baseline=baseline
+        c.rewards, G, valid=c.valid, normalize_std=normalize_std, baseline=baseline, eps=std_eps
+    )
+    # The WM stream where GRPO uses it: its within-group order vs the real one on the anchor
+    # groups' learned rows (DESIGN.md 6), and the groups it flattened to one value.
+    corr_g = fidelity.within_group_spearman(
+        a["stream"].reshape(-1), a["env"].reshape(-1), a["learned"].reshape(-1), G
+    )
+    defined = ~jnp.isnan(corr_g)
+    stream_corr = jnp.where(
+        defined.any(), jnp.sum(jnp.where(defined, corr_g, 0.0)) / jnp.maximum(defined.sum(), 1),
+        jnp.nan,
+    )  # fmt: skip
+    collapsed = fidelity.collapsed_groups(
+        a["stream"].reshape(-1), a["raw"].reshape(-1), a["learned"].reshape(-1), G
     )
     adv = apply_anchor_weight(adv, G, anchor_groups, c.weight)
     stats = {
@@ -173,9 +205,13 @@ def correct_rewards(
         "residual_before": diag["residual_before"],
         "residual_after": diag["residual_after"],
         "wm_rank_corr": rank,
+        "wm_stream_corr": stream_corr,
+        "wm_stream_collapsed_groups": collapsed,
         "anchor_weight": c.weight,
         "calibrated": correction.debias.monotone.fitted if spec.debias else jnp.bool_(False),
         "train_reward": jnp.sum(jnp.where(c.valid, c.rewards, 0.0)) / jnp.maximum(c.valid.sum(), 1),
     }
+    if spec.constant:  # the control's one shared reward this step (before its own anchors)
+        stats["static_anchors_reward"] = fidelity.anchor_mean(correction.anchor_mean)
     out = {"rewards": c.rewards, "valid": c.valid, "advantages": adv, "calibrated": c.calibrated}
     return c.correction, out, stats

@@ -149,8 +149,23 @@ def _check_numbers(config) -> None:
         "policy.sft_learning_rate",
     ):
         _finite(config, field, above=0)  # fmt: skip
-    for field in ("rl.clip_eps", "rl.kl_coef", "rl.max_wall_time_s"):
+    for field in ("rl.clip_eps", "rl.kl_coef", "rl.max_wall_time_s", "rl.entropy_coef",
+                  "wm.rank_coef", "correction.min_slope"):  # fmt: skip
         _finite(config, field, least=0)
+    _finite(config, "rl.std_eps", above=0)
+    for field, high in (("correction.rho", 1.0), ("correction.min_slope", 0.999999)):
+        if not config_field(config, field) <= high:
+            raise ConfigError(f"config.{field}", f"must be <= {high}, got "
+                              f"{config_field(config, field)!r}")  # fmt: skip
+    _finite(config, "correction.rho", least=0)
+    _positive(config, "wm.group_rows")
+    _positive(config, "wm.validation_every", 0)
+    spacing = config.correction.bin_spacing
+    if spacing not in ("equal_width", "equal_mass"):
+        raise ConfigError(
+            "config.correction.bin_spacing",
+            f"unknown bin spacing {spacing!r}; one of ('equal_width', 'equal_mass')",
+        )
     for field in (
         "policy.num_layers",
         "policy.d_model",
@@ -282,6 +297,8 @@ def debias_config(config) -> DebiasConfig:
         mode="monotone",
         capacity=c.capacity,
         num_bins=c.num_bins,
+        bin_spacing=c.bin_spacing,
+        min_slope=c.min_slope,
         min_pairs=c.min_pairs,
         refit_every=c.refit_every,
         reward_range=(0.0, 1.0),
@@ -316,6 +333,7 @@ class TrainerConfig:
     temperature: float
     normalize_std: bool
     baseline: str
+    std_eps: float  # added to a group's std when normalize_std
     eval_samples: int
     learning_rate: float
     wm_learning_rate: float  # the WM's online fine-tuning
@@ -338,7 +356,7 @@ def trainer_config(config) -> TrainerConfig:
         anchor_lag=int(rl.anchor_lag) if spec.uses_wm else 0,
         static_check=rl.static_check if spec.uses_wm else "off",
         temperature=rl.temperature, normalize_std=rl.normalize_std, baseline=rl.baseline,
-        eval_samples=rl.eval_samples, learning_rate=rl.learning_rate,
+        std_eps=rl.std_eps, eval_samples=rl.eval_samples, learning_rate=rl.learning_rate,
         wm_learning_rate=wm.online_learning_rate, wm_online_steps=wm.online_steps,
         wm_batch_size=wm.batch_size, wm_members=wm.num_members, replay_size=wm.replay_size,
         routing=routing_config(config), debias=debias_config(config),

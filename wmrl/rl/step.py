@@ -139,19 +139,41 @@ def static_outcomes(trained: list[str], anchor_idx, status, names: bool) -> np.n
     return static
 
 
-ANCHOR_DIAGNOSTICS = ("bias_reduction", "residual_before", "residual_after", "wm_rank_corr")
+ANCHOR_DIAGNOSTICS = (
+    "bias_reduction", "residual_before", "residual_after", "wm_rank_corr", "wm_stream_corr",
+    "wm_stream_collapsed_groups",
+)  # fmt: skip
+
+
+def _scalar(v):
+    """A stat as JSON: bool, int, float, or None for NaN (an undefined diagnostic)."""
+    v = np.asarray(v)
+    if v.dtype == bool:
+        return bool(v)
+    if np.issubdtype(v.dtype, np.integer):
+        return int(v)
+    return None if np.isnan(v) else float(v)
 
 
 def step_metrics(
-    s: Sampled, r: Routed, x: Exchanged, c: Corrected, u: Updated, uses_wm: bool, seconds
+    s: Sampled,
+    r: Routed,
+    x: Exchanged,
+    c: Corrected,
+    u: Updated,
+    uses_wm: bool,
+    seconds,
+    rho: float = 1.0,
 ) -> dict:
-    """The step's record in metrics.jsonl (without the run's counters)."""
+    """The step's record in metrics.jsonl (without the run's counters); `rho` is the target
+    anchor fraction in force (`anchor_fraction` the realised one)."""
     n_rows, n_anchor = len(s.scripts), len(r.anchor_idx)
     counts = Counter(Status(int(v)).name for v in x.status[r.anchor_idx] if x.collected)
     wm_rows = ~r.anchor_rows
     metrics = {
         "step": s.step + 1,
         **seconds,
+        "rho": rho,
         "anchor_fraction": n_anchor / n_rows,
         "anchor_groups_uncertainty": int((np.asarray(r.picked_by) == 2).sum()),
         # Executions submitted this step (with anchor_lag they finish during the next).
@@ -163,7 +185,7 @@ def step_metrics(
         "static_malformed": int((c.static[wm_rows] == int(Status.MALFORMED)).sum()),
         "static_runtime_error": int((c.static[wm_rows] == int(Status.RUNTIME_ERROR)).sum()),
         "policy_kl": _mean(u.policy_metrics, "kl"),
-        **{k: float(v) if v.dtype != bool else bool(v) for k, v in c.stats.items()},
+        **{k: _scalar(v) for k, v in c.stats.items()},
     }
     if uses_wm:
         err = np.abs(x.r_wm - x.r_env)[c.env_valid]

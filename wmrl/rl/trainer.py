@@ -47,7 +47,7 @@ from wmrl import distributed
 from wmrl.core.correct import correct_rewards
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import init_correction_state
-from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.grader import Status, static_outcome
 from wmrl.envs.autoresearch.grader import reward as status_reward
 from wmrl.models.sampler import SamplingConfig, generate
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
@@ -125,6 +125,7 @@ class Trainer:
             functools.partial(
                 correct_rewards, group_size=self.G, spec=self.spec, debias_cfg=tc.debias,
                 denoise_cfg=tc.denoise, normalize_std=tc.normalize_std, baseline=tc.baseline,
+                std_eps=tc.std_eps,
             )
         )  # fmt: skip
 
@@ -138,11 +139,24 @@ class Trainer:
             policy=self.policy.new_state(policy_params, self.policy.tx),
             ref_params=ref,
             wm=self.wm.new_state(wm_params, self.wm.tx),
-            correction=init_correction_state(self.tc.debias),
+            correction=init_correction_state(self.tc.debias, self._corpus_mean_reward()),
             replay=Replay.empty(self.tc.replay_size, self.max_len),
             pending=self.no_pending,
             rng=np.asarray(jax.random.key_data(self.key)),
         )
+
+    def _corpus_mean_reward(self) -> float:
+        """The `static_anchors` control's shared reward before any anchor outcome: the mean
+        real reward of the executed training corpus's scripts that the static check (when on)
+        does not flag, like the anchors it is later taken from."""
+        names = self.static_names
+        rewards = [
+            r["reward"] for r in self.prepared.executions
+            if r["split"] == "train" and r.get("reward") is not None
+            and not (self.static_check and static_outcome(
+                r["script"].encode("utf-8", "surrogatepass"), names=names))
+        ]  # fmt: skip
+        return float(np.mean(rewards)) if rewards else 0.5
 
     def warmup(self, st: RunState) -> float:
         """Compile every jitted function of an RL step before the RL clock starts; returns
@@ -231,8 +245,9 @@ class Trainer:
             corrected = self._correct_phase(st, routed, sampled, exchanged)
             updated = self._update(st, routed, exchanged, corrected)
         metrics = step_metrics(
-            sampled, routed, exchanged, corrected, updated, self.spec.uses_wm, clock.seconds
-        )
+            sampled, routed, exchanged, corrected, updated, self.spec.uses_wm, clock.seconds,
+            rho=self.routing.rho,
+        )  # fmt: skip
         # The slowest process's step time, so every process stops at the same step when a
         # wall-clock budget runs out.
         wall = float(distributed.allgather_host(np.float64(clock.elapsed())).max())
