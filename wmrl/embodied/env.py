@@ -63,16 +63,20 @@ ALL_TASKS = tuple(Task(c, d) for c in COLOURS for d in DIRECTIONS)
 
 
 def parse_instruction(text: str, field: str = "instruction", colours=COLOURS) -> Task:
-    """`"push the red block left"` -> Task; unknown words or colours name the field."""
-    words = text.strip().split()
+    """`"push the red block left"` -> Task; a colour not in the scene or an unknown word is an
+    error naming the field."""
+    words = str(text).strip().split()
+    if len(words) == 5 and words[:2] == ["push", "the"] and words[3] == "block":
+        if words[2] not in colours:
+            raise ConfigError(
+                field, f"block colour {words[2]!r} is not in the scene {list(colours)} ({text!r})"
+            )
     unknown = [w for w in words if w not in WORD_ID]
     if unknown:
         raise ConfigError(field, f"unknown instruction word(s) {unknown} in {text!r}")
     if len(words) != 5 or words[:2] != ["push", "the"] or words[3] != "block":
         raise ConfigError(field, f"expected 'push the <colour> block <direction>', got {text!r}")
     colour, direction = words[2], words[4]
-    if colour not in colours:
-        raise ConfigError(field, f"block colour {colour!r} is not in the scene {list(colours)}")
     if direction not in DIRECTIONS:
         raise ConfigError(field, f"{direction!r} is not a direction {list(DIRECTIONS)}")
     return Task(colour, direction)
