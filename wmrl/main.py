@@ -125,7 +125,7 @@ def main(argv: list[str]) -> None:
 
         summary = run_embodied(config, workdir, progress=True)
         keys = ("mode", "observations", "warmstart_heldout_success", "final_heldout_success",
-                "real_episodes", "wm_episodes", "real_episodes_to_target", "wall_time_s")  # fmt: skip
+                "real_episodes", "wm_episodes", "real_episodes_to_target")  # fmt: skip
         print(json.dumps({"workdir": str(workdir), **{k: summary[k] for k in keys}}, indent=2))
 
 

@@ -29,7 +29,7 @@ def load_tree(path: str | os.PathLike, like):
     treedef = jax.tree.structure(like)
     if treedef.num_leaves != len(leaves):
         raise ValueError(f"{path}: {len(leaves)} arrays, expected {treedef.num_leaves}")
-    for a, b in zip(leaves, jax.tree.leaves(like)):
+    for a, b in zip(leaves, jax.tree.leaves(like), strict=False):
         if a.shape != np.shape(b):
             raise ValueError(f"{path}: array of shape {a.shape}, expected {np.shape(b)}")
     return jax.tree.unflatten(treedef, [jax.numpy.asarray(x) for x in leaves])

@@ -66,11 +66,11 @@ def parse_instruction(text: str, field: str = "instruction", colours=COLOURS) ->
     """`"push the red block left"` -> Task; a colour not in the scene or an unknown word is an
     error naming the field."""
     words = str(text).strip().split()
-    if len(words) == 5 and words[:2] == ["push", "the"] and words[3] == "block":
-        if words[2] not in colours:
-            raise ConfigError(
-                field, f"block colour {words[2]!r} is not in the scene {list(colours)} ({text!r})"
-            )
+    shaped = len(words) == 5 and words[:2] == ["push", "the"] and words[3] == "block"
+    if shaped and words[2] not in colours:
+        raise ConfigError(
+            field, f"block colour {words[2]!r} is not in the scene {list(colours)} ({text!r})"
+        )
     unknown = [w for w in words if w not in WORD_ID]
     if unknown:
         raise ConfigError(field, f"unknown instruction word(s) {unknown} in {text!r}")

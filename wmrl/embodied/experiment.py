@@ -26,16 +26,13 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from wmrl.config_errors import ConfigError
 from wmrl.embodied import checkpoint as ckpt
-from wmrl.embodied import rl as RL
-from wmrl.embodied import rollout as R
-from wmrl.embodied import stages as S
-from wmrl.embodied import world_model as W
+from wmrl.embodied import rl, rollout, stages
+from wmrl.embodied import world_model as wmodel
 from wmrl.jsonl import read_jsonl
 
 
@@ -69,12 +66,15 @@ def check_resumable(config, workdir) -> None:
         )
 
 
-def evaluate(trainer: RL.Trainer, params, starts, seed: int) -> dict:
+def evaluate(trainer: rl.Trainer, params, starts, seed: int) -> dict:
     """Held-out success by real rollouts (fixed starts and key: every evaluation alike)."""
     eps = trainer.real_episodes(params, starts, jax.random.PRNGKey(seed + 99))
     p = float(eps.success.mean())
-    return {"heldout_success": p, "heldout_success_se": float(np.sqrt(p * (1 - p) / len(eps))),
-            "eval_episodes": len(eps)}  # fmt: skip
+    return {
+        "heldout_success": p,
+        "heldout_success_se": float(np.sqrt(p * (1 - p) / len(eps))),
+        "eval_episodes": len(eps),
+    }
 
 
 def latest_checkpoint(ck_dir: Path) -> int | None:
@@ -83,38 +83,47 @@ def latest_checkpoint(ck_dir: Path) -> int | None:
 
 
 def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> dict:
-    S.validate_embodied_config(config)
+    stages.validate_embodied_config(config)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     init = Path(config.init_dir) if config.init_dir else workdir / "init"
-    spec = S.env_spec(config)
-    pool = R.EnvPool(spec)
-    train_tasks, held_tasks = S.tasks_of(config)
+    spec = stages.env_spec(config)
+    pool = rollout.EnvPool(spec)
+    train_tasks, held_tasks = stages.tasks_of(config)
     t_stages = time.monotonic()
-    demos, demo_rep = S.demos_stage(config, init / "demos", pool)
-    graphdef, bc_params, bc_rep = S.bc_stage(config, init / "bc", demos)
-    st = RL.statics_from_config(config)
-    wspec = S.wm_spec(config)
+    demos, demo_rep = stages.demos_stage(config, init / "demos", pool)
+    graphdef, bc_params, bc_rep = stages.bc_stage(config, init / "bc", demos)
+    st = rl.statics_from_config(config)
+    wspec = stages.wm_spec(config)
     if st.uses_wm:
-        wm_params, wm_data, wm_rep = S.wm_stage(config, init / "wm", pool, demos, graphdef,
-                                                bc_params)  # fmt: skip
+        wm_params, wm_data, wm_rep = stages.wm_stage(
+            config, init / "wm", pool, demos, graphdef, bc_params
+        )
     else:  # `real` needs no world model (and spends no real episodes on its data)
-        wm_params, wm_data, wm_rep = W.init_wm(wspec, config.seed + 7), None, None
+        wm_params, wm_data, wm_rep = wmodel.init_wm(wspec, config.seed + 7), None, None
     stages_s = time.monotonic() - t_stages
 
     policy_tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.rl.learning_rate))
     wm_tx = optax.adam(config.wm.online_learning_rate)
-    trainer = RL.Trainer(
-        st=st, graphdef=graphdef, ref_params=bc_params, pool=pool, train_tasks=train_tasks,
-        seed=config.seed, policy_tx=policy_tx, wm_tx=wm_tx,
+    trainer = rl.Trainer(
+        st=st,
+        graphdef=graphdef,
+        ref_params=bc_params,
+        pool=pool,
+        train_tasks=train_tasks,
+        seed=config.seed * 1000 + config.rl.seed,
+        policy_tx=policy_tx,
+        wm_tx=wm_tx,
         wm_online_steps=config.wm.online_steps,
         wm_batch=(config.wm.batch_transitions, config.wm.batch_episodes),
         replay_size=config.wm.replay_size,
-    )  # fmt: skip
-    template = RL.init_rl_state(st, bc_params, wm_params, policy_tx, wm_tx,
-                                config.correction.constant_window)  # fmt: skip
-    eval_starts = R.sample_starts(np.random.default_rng([config.seed, 999]), held_tasks,
-                                  config.rl.eval_episodes, spec)  # fmt: skip
+    )
+    template = rl.init_rl_state(
+        st, bc_params, wm_params, policy_tx, wm_tx, config.correction.constant_window
+    )
+    eval_starts = rollout.sample_starts(
+        np.random.default_rng([config.seed, 999]), held_tasks, config.rl.eval_episodes, spec
+    )
     ck_dir = workdir / "checkpoints"
     metrics_path = workdir / "metrics.jsonl"
     last = latest_checkpoint(ck_dir)
@@ -130,8 +139,16 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         replay = wm_data if wm_data is not None else {}
         wall = 0.0
         ev = evaluate(trainer, state["policy"], eval_starts, config.seed)
-        records = [{"kind": "eval", "step": 0, "real_episodes": 0, "wm_episodes": 0,
-                    "wall_time_s": 0.0, **ev}]  # fmt: skip
+        records = [
+            {
+                "kind": "eval",
+                "step": 0,
+                "real_episodes": 0,
+                "wm_episodes": 0,
+                "wall_time_s": 0.0,
+                **ev,
+            }
+        ]
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def log(rec):
@@ -148,15 +165,28 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         t = int(state["step"])
         log({"kind": "step", **m, "wall_time_s": wall})
         if progress:
-            print(f"[{config.mode}] step {t}/{steps} real={m['real_episodes']} "
-                  f"reward={m['train_reward']:.3f} anchors={m['real_success']:.3f}", flush=True)  # fmt: skip
+            print(
+                f"[{config.mode}] step {t}/{steps} real={m['real_episodes']} "
+                f"reward={m['train_reward']:.3f} anchors={m['real_success']:.3f}",
+                flush=True,
+            )
         if t % config.rl.eval_every == 0 or t == steps:
             ev = evaluate(trainer, state["policy"], eval_starts, config.seed)
-            log({"kind": "eval", "step": t, "real_episodes": int(state["real_episodes"]),
-                 "wm_episodes": int(state["wm_episodes"]), "wall_time_s": wall, **ev})  # fmt: skip
+            log(
+                {
+                    "kind": "eval",
+                    "step": t,
+                    "real_episodes": int(state["real_episodes"]),
+                    "wm_episodes": int(state["wm_episodes"]),
+                    "wall_time_s": wall,
+                    **ev,
+                }
+            )
             if progress:
-                print(f"[{config.mode}] eval step {t}: held-out {ev['heldout_success']:.3f}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"[{config.mode}] eval step {t}: held-out {ev['heldout_success']:.3f}",
+                    flush=True,
+                )
         if t % config.rl.checkpoint_every == 0 or t == steps:
             ckpt.save_tree(ck_dir / f"step_{t}.npz", state)
             np.savez(ck_dir / f"replay_{t}.npz", **(replay or {"none": np.zeros(0)}))
@@ -186,8 +216,11 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
     steps = [r for r in records if r["kind"] == "step"]
     last = steps[-1] if steps else {"real_episodes": 0, "wm_episodes": 0, "wall_time_s": 0.0}
     cost = float(config.env.real_episode_cost_s)
-    aucs = [r["anchor_auc"] for r in steps if r.get("anchor_auc") == r.get("anchor_auc")
-            and r.get("anchor_auc") is not None]  # fmt: skip
+    aucs = [
+        r["anchor_auc"]
+        for r in steps
+        if r.get("anchor_auc") == r.get("anchor_auc") and r.get("anchor_auc") is not None
+    ]
     reds = [r["bias_reduction"] for r in steps if "bias_reduction" in r]
     summary = {
         "experiment": "embodied",
@@ -211,8 +244,17 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
         "eval_real_episodes": sum(e["eval_episodes"] for e in evals),
         "real_episode_cost_s": cost,
         "heldout_curve": [
-            {k: e[k] for k in ("step", "real_episodes", "wm_episodes", "wall_time_s",
-                               "heldout_success", "heldout_success_se")}  # fmt: skip
+            {
+                k: e[k]
+                for k in (
+                    "step",
+                    "real_episodes",
+                    "wm_episodes",
+                    "wall_time_s",
+                    "heldout_success",
+                    "heldout_success_se",
+                )
+            }
             for e in evals
         ],
         "wm_anchor_auc_mean": float(np.mean(aucs)) if aucs else None,

@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def plot_run(plot_dir: Path, records: list[dict], target: float) -> None:
@@ -16,8 +16,12 @@ def plot_run(plot_dir: Path, records: list[dict], target: float) -> None:
     evals = [r for r in records if r["kind"] == "eval"]
     steps = [r for r in records if r["kind"] == "step"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.errorbar([e["real_episodes"] for e in evals], [e["heldout_success"] for e in evals],
-                yerr=[e["heldout_success_se"] for e in evals], marker="o")  # fmt: skip
+    ax.errorbar(
+        [e["real_episodes"] for e in evals],
+        [e["heldout_success"] for e in evals],
+        yerr=[e["heldout_success_se"] for e in evals],
+        marker="o",
+    )
     ax.axhline(target, ls="--", c="grey", label="target")
     ax.set_xlabel("real (simulator) episodes in RL")
     ax.set_ylabel("held-out success")
@@ -35,8 +39,9 @@ def plot_run(plot_dir: Path, records: list[dict], target: float) -> None:
         ax[1].plot(x, [r.get("bias_reduction") for r in steps], label="bias reduction")
     ax[0].set_xlabel("RL step")
     ax[1].set_xlabel("RL step")
-    ax[0].legend()
-    ax[1].legend()
+    for a in ax:
+        if a.get_legend_handles_labels()[0]:
+            a.legend()
     fig.tight_layout()
     fig.savefig(plot_dir / "wm_diagnostics.png", dpi=80)
     plt.close(fig)

@@ -3,8 +3,8 @@ and the scene state and emits a chunk of H discretised actions at once (one cate
 action slot, ACT-style parallel decoding), and its behaviour-cloning loss.
 
 Tokens (bidirectional attention): 5 instruction words, 1 pusher token, 3 block tokens (each
-block's current xy, start xy, offset from the pusher and from its start; colour by position
-embedding), then H learned query tokens whose outputs are the action logits.
+block's current xy, start xy, offset from the pusher and from its start, plus its colour
+word's embedding), then H query tokens whose outputs are the action logits.
 
 Functional use: `graphdef, params = nnx.split(model, nnx.Param)`; `apply(graphdef, params,
 words, obs)` gives logits [B, H, A]. The params are a plain pytree (checkpointed as such).
@@ -16,11 +16,17 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-import numpy as np
-
-from wmrl.embodied.env import DIRECTION_VECTORS, DIRECTIONS, INSTRUCTION_LEN, VOCAB, EnvSpec
+from wmrl.embodied.env import (
+    COLOURS,
+    DIRECTION_VECTORS,
+    DIRECTIONS,
+    INSTRUCTION_LEN,
+    VOCAB,
+    EnvSpec,
+)
 
 OBS_SCALE = 10.0  # metres -> roughly unit features
 
@@ -42,7 +48,7 @@ class PolicySpec:
 def frame_tables(num_actions: int):
     """Per direction (DIRECTIONS order): the 2x2 world->canonical rotation and, for the
     action tokens, the permutation taking canonical-frame logits to world-frame logits."""
-    bins = int(round(num_actions**0.5))
+    bins = round(num_actions**0.5)
     grid = EnvSpec(action_bins=bins, max_speed=1.0)
     vel = grid.velocities()
     rots, perms = [], []
@@ -115,10 +121,16 @@ class ChunkPolicy(nnx.Module):
             rots, perms = frame_tables(self.num_actions)
             d = direction_index(words)
             obs = to_frame(obs, jnp.asarray(rots)[d])
+        # Each block token carries its colour word's embedding (tied with the instruction's
+        # words), so "red" in the instruction and the red block share a vector to match on.
+        colours = jnp.asarray([0] + [VOCAB.index(c) for c in COLOURS], jnp.int32)
+        objects = (
+            self.obj(object_features(obs)) + self.word(colours)[None] * (colours > 0)[None, :, None]
+        )
         x = jnp.concatenate(
             [
                 self.word(words),
-                self.obj(object_features(obs)),
+                objects,
                 jnp.zeros((b, self.chunk, self.pos.shape[-1])),
             ],
             axis=1,

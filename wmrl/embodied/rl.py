@@ -33,9 +33,9 @@ import optax
 
 from wmrl.core import debias, denoise, grpo, routing
 from wmrl.core.state import CorrectionState, init_correction_state
-from wmrl.embodied import policy as P
-from wmrl.embodied import rollout as R
-from wmrl.embodied import world_model as W
+from wmrl.embodied import policy as pol
+from wmrl.embodied import rollout
+from wmrl.embodied import world_model as wmodel
 
 MODE_SPECS = {
     # (uses the WM, debias, fuse members + anchor weight, constant WM score)
@@ -82,7 +82,7 @@ class RLStatics:
         return MODE_SPECS[self.mode][3]
 
     @property
-    def num_anchor_groups(self) -> int:
+    def anchor_group_count(self) -> int:
         if not self.uses_wm:
             return self.groups
         return int(routing.num_anchor_groups(self.groups, self.groups, self.routing))
@@ -150,7 +150,7 @@ def within_group_auc(scores: np.ndarray, real: np.ndarray) -> tuple[float, int]:
     """Mean over groups (rows) with mixed real outcomes of the AUC of WM scores vs success
     (ties count half); returns (auc, number of such groups), NaN when none."""
     aucs = []
-    for s, y in zip(scores, real):
+    for s, y in zip(scores, real, strict=False):
         pos, neg = s[y > 0.5], s[y <= 0.5]
         if len(pos) and len(neg):
             diff = pos[:, None] - neg[None, :]
@@ -166,12 +166,17 @@ def make_policy_update(graphdef, tx, st: RLStatics):
         words = jnp.repeat(batch["words"], c, axis=0)
         obs = batch["obs"].reshape(n * c, -1)
         acts = batch["actions"].reshape(n * c, st.chunk)
-        logp = P.chunk_logprobs(graphdef, params, words, obs, acts).reshape(n, -1)
-        ref = P.chunk_logprobs(graphdef, ref_params, words, obs, acts).reshape(n, -1)
+        logp = pol.chunk_logprobs(graphdef, params, words, obs, acts).reshape(n, -1)
+        ref = pol.chunk_logprobs(graphdef, ref_params, words, obs, acts).reshape(n, -1)
         loss_sum, metrics = grpo.token_policy_loss(
-            logp, batch["logp"], ref, batch["adv"], jnp.ones_like(logp),
-            clip_eps=st.clip_eps, kl_coef=st.kl_coef,
-        )  # fmt: skip
+            logp,
+            batch["logp"],
+            ref,
+            batch["adv"],
+            jnp.ones_like(logp),
+            clip_eps=st.clip_eps,
+            kl_coef=st.kl_coef,
+        )
         return loss_sum / logp.size, metrics
 
     @jax.jit
@@ -193,7 +198,7 @@ class Trainer:
     st: RLStatics
     graphdef: object
     ref_params: object
-    pool: R.EnvPool
+    pool: rollout.EnvPool
     train_tasks: list
     seed: int
     policy_tx: object
@@ -208,27 +213,42 @@ class Trainer:
         self.policy_update = make_policy_update(self.graphdef, self.policy_tx, self.st)
         st = self.st
         self.imagine = jax.jit(
-            lambda wm, params, words, task, obs0, key: W.imagine(
-                wm, self.graphdef, params, words, task, obs0, key, chunk=st.chunk,
-                episode_len=st.episode_len, velocities=self.velocities,
-                push_distance=st.push_distance, temperature=st.temperature,
-            )  # fmt: skip
-        )
-        self.replay_score = jax.jit(
-            lambda wm, obs0, actions, task: W.score_finals(
-                wm, obs0, W.replay(wm, obs0, actions, self.velocities), task, st.push_distance
+            lambda wm, params, words, task, obs0, key: wmodel.imagine(
+                wm,
+                self.graphdef,
+                params,
+                words,
+                task,
+                obs0,
+                key,
+                chunk=st.chunk,
+                episode_len=st.episode_len,
+                velocities=self.velocities,
+                push_distance=st.push_distance,
+                temperature=st.temperature,
             )
         )
-        self.sample = jax.jit(P.sample_chunk, static_argnums=(0,))
-        self.wm_step = W.make_train_step(self.wm_tx, self.velocities, st.push_distance)
+        self.replay_score = jax.jit(
+            lambda wm, obs0, actions, task: wmodel.score_finals(
+                wm, obs0, wmodel.replay(wm, obs0, actions, self.velocities), task, st.push_distance
+            )
+        )
+        self.sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
+        self.wm_step = wmodel.make_train_step(self.wm_tx, self.velocities, st.push_distance)
 
-    def real_episodes(self, params, starts, key) -> R.Episodes:
+    def real_episodes(self, params, starts, key) -> rollout.Episodes:
         def act(words, obs, c):
-            a, lp = self.sample(self.graphdef, params, jnp.asarray(words), jnp.asarray(obs),
-                                jax.random.fold_in(key, c), self.st.temperature)  # fmt: skip
+            a, lp = self.sample(
+                self.graphdef,
+                params,
+                jnp.asarray(words),
+                jnp.asarray(obs),
+                jax.random.fold_in(key, c),
+                self.st.temperature,
+            )
             return np.asarray(a), np.asarray(lp)
 
-        return R.policy_rollouts(self.pool, starts, act, self.st.chunk)
+        return rollout.policy_rollouts(self.pool, starts, act, self.st.chunk)
 
     def step(self, state: dict, replay: dict) -> tuple[dict, dict, dict]:
         """One RL step. Returns (new state, replay, metrics)."""
@@ -237,7 +257,7 @@ class Trainer:
         key = jax.random.fold_in(self.key, t)
         k_route, k_real, k_wm = jax.random.split(key, 3)
         rng = np.random.default_rng([self.seed, 100, t])
-        starts = R.sample_starts(rng, self.train_tasks, B, self.pool.spec, repeat=G)
+        starts = rollout.sample_starts(rng, self.train_tasks, B, self.pool.spec, repeat=G)
         timing = {}
         t0 = time.monotonic()
         if st.uses_wm:
@@ -247,7 +267,7 @@ class Trainer:
             is_anchor = np.ones(B, bool)
         groups_real = np.nonzero(is_anchor)[0]
         groups_wm = np.nonzero(~is_anchor)[0]
-        pick = lambda groups: [starts[g * G + i] for g in groups for i in range(G)]  # noqa: E731
+        pick = lambda groups: [starts[g * G + i] for g in groups for i in range(G)]
         params = state["policy"]
         real = self.real_episodes(params, pick(groups_real), k_real)
         timing["real_s"] = time.monotonic() - t0
@@ -262,17 +282,21 @@ class Trainer:
             wm = state["wm"]
             corr: CorrectionState = state["corr"]
             # The anchors' WM scores: their real actions replayed open-loop from the same start.
-            a_mu, a_lv = self.replay_score(wm, jnp.asarray(real.obs[:, 0]),
-                                           jnp.asarray(real.actions), jnp.asarray(real.task))  # fmt: skip
+            a_mu, a_lv = self.replay_score(
+                wm, jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), jnp.asarray(real.task)
+            )
             a_raw, _ = fused_score(a_mu, a_lv, st.denoised)
-            a_cal = debias.apply_debias(corr.debias, a_raw, None, st.debias) if st.debiased else a_raw
+            a_cal = (
+                debias.apply_debias(corr.debias, a_raw, None, st.debias) if st.debiased else a_raw
+            )
             if nw:
                 wstarts = pick(groups_wm)
-                words = np.stack([R.E.encode_instruction(s.task) for s in wstarts])
-                task = np.asarray([R.task_index(s.task) for s in wstarts], np.int32)
-                obs0 = np.stack([R.E.make_obs(s) for s in wstarts])
-                im = self.imagine(wm, params, jnp.asarray(words), jnp.asarray(task),
-                                  jnp.asarray(obs0), k_wm)  # fmt: skip
+                words = np.stack([rollout.scene.encode_instruction(s.task) for s in wstarts])
+                task = np.asarray([rollout.task_index(s.task) for s in wstarts], np.int32)
+                obs0 = np.stack([rollout.scene.make_obs(s) for s in wstarts])
+                im = self.imagine(
+                    wm, params, jnp.asarray(words), jnp.asarray(task), jnp.asarray(obs0), k_wm
+                )
                 raw, var = fused_score(im["means"], im["log_vars"], st.denoised)
                 cal = debias.apply_debias(corr.debias, raw, None, st.debias) if st.debiased else raw
                 if st.constant:
@@ -291,15 +315,18 @@ class Trainer:
             ra, rc = np.asarray(a_raw).reshape(A, G), np.asarray(a_cal).reshape(A, G)
             y = real.success.reshape(A, G)
             auc, n_auc = within_group_auc(ra, y)
-            diag = debias.bias_diagnostic(jnp.asarray(ra.ravel()), jnp.asarray(rc.ravel()),
-                                          jnp.asarray(y.ravel()), G)  # fmt: skip
+            diag = debias.bias_diagnostic(
+                jnp.asarray(ra.ravel()), jnp.asarray(rc.ravel()), jnp.asarray(y.ravel()), G
+            )
             metrics.update(
-                anchor_auc=auc, anchor_auc_groups=n_auc,
-                anchor_wm_score=float(ra.mean()), anchor_wm_calibrated=float(rc.mean()),
+                anchor_auc=auc,
+                anchor_auc_groups=n_auc,
+                anchor_wm_score=float(ra.mean()),
+                anchor_wm_calibrated=float(rc.mean()),
                 bias_before=float(diag["before"]) if "before" in diag else None,
                 bias_reduction=float(diag["bias_reduction"]),
                 calibrated=bool(corr.debias.monotone.fitted),
-            )  # fmt: skip
+            )
         timing["wm_score_s"] = time.monotonic() - t1
         # ---- advantages (groups in order: real ones first, then imagined) and update
         t2 = time.monotonic()
@@ -317,26 +344,45 @@ class Trainer:
             "logp": jnp.asarray(np.concatenate(parts_logp)),
             "adv": adv,
         }
-        new_params, opt, pm = self.policy_update(params, state["policy_opt"], self.ref_params, batch)
+        new_params, opt, pm = self.policy_update(
+            params, state["policy_opt"], self.ref_params, batch
+        )
         timing["train_s"] = time.monotonic() - t2
-        new = {**state, "policy": new_params, "policy_opt": opt, "step": np.asarray(t + 1, np.int32)}
+        new = {
+            **state,
+            "policy": new_params,
+            "policy_opt": opt,
+            "step": np.asarray(t + 1, np.int32),
+        }
         new["real_episodes"] = np.asarray(int(state["real_episodes"]) + A * G, np.int64)
         new["wm_episodes"] = np.asarray(int(state["wm_episodes"]) + nw * G, np.int64)
         metrics.update({k: float(v) for k, v in pm.items()})
-        metrics.update(anchor_weight=float(weight), anchor_groups=A, wm_groups=nw,
-                       train_reward=float(jnp.mean(r)))  # fmt: skip
+        metrics.update(
+            anchor_weight=float(weight),
+            anchor_groups=A,
+            wm_groups=nw,
+            train_reward=float(jnp.mean(r)),
+        )
         if st.uses_wm:
             t3 = time.monotonic()
             corr = state["corr"]
             if st.debiased:
-                corr = corr.replace(debias=debias.update_debias(
-                    corr.debias, a_raw, jnp.asarray(real.success), None,
-                    jnp.ones(A * G, bool), st.debias,
-                ))  # fmt: skip
+                corr = corr.replace(
+                    debias=debias.update_debias(
+                        corr.debias,
+                        a_raw,
+                        jnp.asarray(real.success),
+                        None,
+                        jnp.ones(A * G, bool),
+                        st.debias,
+                    )
+                )
             if st.denoised:
-                corr = corr.replace(denoise=denoise.update_denoise(
-                    corr.denoise, jnp.asarray(rc), jnp.asarray(y), st.denoise
-                ))  # fmt: skip
+                corr = corr.replace(
+                    denoise=denoise.update_denoise(
+                        corr.denoise, jnp.asarray(rc), jnp.asarray(y), st.denoise
+                    )
+                )
             new["corr"] = corr
             # constant_wm's running mean of real anchor success
             ring, pos = state["recent_real"].copy(), int(state["recent_pos"])
@@ -345,8 +391,9 @@ class Trainer:
                 pos += 1
             new["recent_real"], new["recent_pos"] = ring, np.asarray(pos, np.int32)
             replay = add_to_replay(replay, real, self.replay_size, st.push_distance)
-            new["wm"], new["wm_opt"], wmm = self.fine_tune_wm(state["wm"], state["wm_opt"],
-                                                              replay, t)  # fmt: skip
+            new["wm"], new["wm_opt"], wmm = self.fine_tune_wm(
+                state["wm"], state["wm_opt"], replay, t
+            )
             metrics.update(wmm)
             timing["wm_train_s"] = time.monotonic() - t3
         metrics["real_episodes"] = int(new["real_episodes"])
@@ -359,11 +406,11 @@ class Trainer:
         m = jax.tree.leaves(wm)[0].shape[0]
         out = {}
         for _ in range(self.wm_online_steps):
-            b = W.make_batch(rng, replay, m, *self.wm_batch)
+            b = wmodel.make_batch(rng, replay, m, *self.wm_batch)
             wm, opt, out = self.wm_step(wm, opt, b)
         return wm, opt, {f"wm_{k}": float(v) for k, v in out.items()}
 
 
-def add_to_replay(replay: dict, eps: R.Episodes, size: int, push_distance: float) -> dict:
-    new = W.episode_data(eps.obs, eps.actions, eps.task, eps.success, push_distance)
+def add_to_replay(replay: dict, eps: rollout.Episodes, size: int, push_distance: float) -> dict:
+    new = wmodel.episode_data(eps.obs, eps.actions, eps.task, eps.success, push_distance)
     return {k: np.concatenate([replay[k], new[k]])[-size:] for k in replay}

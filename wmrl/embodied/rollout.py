@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from wmrl.embodied import env as E
+from wmrl.embodied import env as scene
 
 
 @dataclasses.dataclass
@@ -43,35 +43,35 @@ class Episodes:
 class EnvPool:
     """N MuJoCo scenes reused across batches (building a model costs more than an episode)."""
 
-    def __init__(self, spec: E.EnvSpec):
+    def __init__(self, spec: scene.EnvSpec):
         self.spec = spec
-        self.envs: list[E.PushEnv] = []
+        self.envs: list[scene.PushEnv] = []
 
-    def get(self, n: int) -> list[E.PushEnv]:
+    def get(self, n: int) -> list[scene.PushEnv]:
         while len(self.envs) < n:
-            self.envs.append(E.PushEnv(self.spec))
+            self.envs.append(scene.PushEnv(self.spec))
         return self.envs[:n]
 
 
-def task_index(task: E.Task) -> int:
-    return E.ALL_TASKS.index(task)
+def task_index(task: scene.Task) -> int:
+    return scene.ALL_TASKS.index(task)
 
 
-def expert_demos(pool: EnvPool, starts: list[E.StartState]) -> Episodes:
+def expert_demos(pool: EnvPool, starts: list[scene.StartState]) -> Episodes:
     spec, T = pool.spec, pool.spec.episode_len
     n = len(starts)
-    obs = np.zeros((n, T + 1, E.OBS_DIM), np.float32)
+    obs = np.zeros((n, T + 1, scene.OBS_DIM), np.float32)
     actions = np.zeros((n, T), np.int32)
     succ = np.zeros(n, np.float32)
     env = pool.get(1)[0]
     for i, s in enumerate(starts):
         obs[i, 0] = env.reset(s)
         for t in range(T):
-            actions[i, t] = E.expert_action(obs[i, t], s.task, spec)
+            actions[i, t] = scene.expert_action(obs[i, t], s.task, spec)
             obs[i, t + 1] = env.step(actions[i, t])
         succ[i] = env.succeeded()
     return Episodes(
-        words=np.stack([E.encode_instruction(s.task) for s in starts]),
+        words=np.stack([scene.encode_instruction(s.task) for s in starts]),
         task=np.asarray([task_index(s.task) for s in starts], np.int32),
         obs=obs,
         actions=actions,
@@ -80,17 +80,17 @@ def expert_demos(pool: EnvPool, starts: list[E.StartState]) -> Episodes:
     )
 
 
-def policy_rollouts(pool: EnvPool, starts: list[E.StartState], act, chunk: int) -> Episodes:
+def policy_rollouts(pool: EnvPool, starts: list[scene.StartState], act, chunk: int) -> Episodes:
     """Run `act(words [N,5], obs [N,14], chunk_index) -> (actions [N,H], logp [N,H])` in the
     simulator, one call per chunk for the whole batch."""
-    spec, T = pool.spec, pool.spec.episode_len
+    _spec, T = pool.spec, pool.spec.episode_len
     n = len(starts)
     envs = pool.get(n)
-    words = np.stack([E.encode_instruction(s.task) for s in starts])
-    obs = np.zeros((n, T + 1, E.OBS_DIM), np.float32)
+    words = np.stack([scene.encode_instruction(s.task) for s in starts])
+    obs = np.zeros((n, T + 1, scene.OBS_DIM), np.float32)
     actions = np.zeros((n, T), np.int32)
     logp = np.zeros((n, T), np.float32)
-    for i, (env, s) in enumerate(zip(envs, starts)):
+    for i, (env, s) in enumerate(zip(envs, starts, strict=False)):
         obs[i, 0] = env.reset(s)
     for c in range(T // chunk):
         t0 = c * chunk
@@ -110,11 +110,11 @@ def policy_rollouts(pool: EnvPool, starts: list[E.StartState], act, chunk: int) 
     )
 
 
-def sample_starts(rng: np.random.Generator, tasks, n: int, spec: E.EnvSpec, repeat: int = 1):
+def sample_starts(rng: np.random.Generator, tasks, n: int, spec: scene.EnvSpec, repeat: int = 1):
     """n start states drawn over `tasks` (cycled), each repeated `repeat` times (a GRPO group:
     G rollouts of one instruction and layout)."""
     out = []
-    for i in range(n):
-        s = E.sample_start(rng, tasks[int(rng.integers(len(tasks)))], spec)
+    for _i in range(n):
+        s = scene.sample_start(rng, tasks[int(rng.integers(len(tasks)))], spec)
         out.extend([s] * repeat)
     return out

@@ -22,20 +22,32 @@ import optax
 
 from wmrl.config_errors import ConfigError
 from wmrl.embodied import checkpoint as ckpt
-from wmrl.embodied import env as E
-from wmrl.embodied import policy as P
-from wmrl.embodied import rollout as R
-from wmrl.embodied import world_model as W
+from wmrl.embodied import env as scene
+from wmrl.embodied import policy as pol
+from wmrl.embodied import rollout
+from wmrl.embodied import world_model as wmodel
 
 MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "constant_wm")
 
 STAGE_FIELDS = {
     "demos": ("seed", "env", "tasks", "demos"),
     "bc": ("seed", "env", "tasks", "demos", "policy"),
-    "wm": ("seed", "env", "tasks", "demos", "policy", "wm.num_members", "wm.hidden",
-           "wm.head_hidden", "wm.policy_rollouts", "wm.pretrain_steps", "wm.batch_transitions",
-           "wm.batch_episodes", "wm.learning_rate"),
-}  # fmt: skip
+    "wm": (
+        "seed",
+        "env",
+        "tasks",
+        "demos",
+        "policy",
+        "wm.num_members",
+        "wm.hidden",
+        "wm.head_hidden",
+        "wm.policy_rollouts",
+        "wm.pretrain_steps",
+        "wm.batch_transitions",
+        "wm.batch_episodes",
+        "wm.learning_rate",
+    ),
+}
 
 
 def validate_embodied_config(config) -> None:
@@ -45,29 +57,40 @@ def validate_embodied_config(config) -> None:
     if config.obs != "state":
         raise ConfigError("config.obs", f"only 'state' observations exist, got {config.obs!r}")
     colours = tuple(config.env.colours)
-    bad = [c for c in colours if c not in E.COLOURS]
+    bad = [c for c in colours if c not in scene.COLOURS]
     if bad or len(set(colours)) != 3 or len(colours) != 3:
         raise ConfigError(
-            "config.env.colours", f"the scene has three blocks from {list(E.COLOURS)}, got {colours}"
+            "config.env.colours",
+            f"the scene has three blocks from {list(scene.COLOURS)}, got {colours}",
         )
     T, H = config.env.episode_len, config.policy.chunk
     if H < 1:
         raise ConfigError("config.policy.chunk", f"must be >= 1, got {H}")
     if H > T:
         raise ConfigError(
-            "config.policy.chunk", f"an action chunk of {H} is longer than the episode ({T} actions, "
+            "config.policy.chunk",
+            f"an action chunk of {H} is longer than the episode ({T} actions, "
             "config.env.episode_len)",
-        )  # fmt: skip
+        )
     if T % H:
         raise ConfigError("config.policy.chunk", f"must divide env.episode_len={T}, got {H}")
     tasks_of(config)
     rl = config.rl
-    for name in ("steps", "groups_per_step", "group_size", "eval_episodes", "eval_every",
-                 "checkpoint_every", "ppo_epochs"):  # fmt: skip
+    for name in (
+        "steps",
+        "groups_per_step",
+        "group_size",
+        "eval_episodes",
+        "eval_every",
+        "checkpoint_every",
+        "ppo_epochs",
+    ):
         if rl[name] < 1:
             raise ConfigError(f"config.rl.{name}", f"must be >= 1, got {rl[name]}")
     if not 0.0 <= config.correction.rho <= 1.0:
-        raise ConfigError("config.correction.rho", f"must be in [0, 1], got {config.correction.rho}")
+        raise ConfigError(
+            "config.correction.rho", f"must be in [0, 1], got {config.correction.rho}"
+        )
     if config.correction.debias not in ("monotone", "keyed", "both"):
         raise ConfigError(
             "config.correction.debias",
@@ -77,20 +100,20 @@ def validate_embodied_config(config) -> None:
         raise ConfigError("config.env.real_episode_cost_s", "must be >= 0")
 
 
-def tasks_of(config) -> tuple[list[E.Task], list[E.Task]]:
+def tasks_of(config) -> tuple[list[scene.Task], list[scene.Task]]:
     """(train tasks, held-out tasks), parsed; the fields are named in errors."""
     colours = tuple(config.env.colours)
     held = [
-        E.parse_instruction(t, f"config.tasks.heldout[{i}]", colours)
+        scene.parse_instruction(t, f"config.tasks.heldout[{i}]", colours)
         for i, t in enumerate(config.tasks.heldout)
     ]
     if config.tasks.train:
         train = [
-            E.parse_instruction(t, f"config.tasks.train[{i}]", colours)
+            scene.parse_instruction(t, f"config.tasks.train[{i}]", colours)
             for i, t in enumerate(config.tasks.train)
         ]
     else:
-        train = [t for t in E.ALL_TASKS if t not in held]
+        train = [t for t in scene.ALL_TASKS if t not in held]
     if not train or not held:
         raise ConfigError("config.tasks", "needs at least one training and one held-out task")
     overlap = [t.text for t in train if t in held]
@@ -99,25 +122,32 @@ def tasks_of(config) -> tuple[list[E.Task], list[E.Task]]:
     return train, held
 
 
-def env_spec(config) -> E.EnvSpec:
-    return E.env_spec_from_config(config.env)
+def env_spec(config) -> scene.EnvSpec:
+    return scene.env_spec_from_config(config.env)
 
 
-def policy_spec(config) -> P.PolicySpec:
+def policy_spec(config) -> pol.PolicySpec:
     p = config.policy
-    return P.PolicySpec(
-        num_actions=config.env.action_bins**2, chunk=p.chunk, d_model=p.d_model,
-        num_layers=p.num_layers, num_heads=p.num_heads, mlp_dim=p.mlp_dim,
+    return pol.PolicySpec(
+        num_actions=config.env.action_bins**2,
+        chunk=p.chunk,
+        d_model=p.d_model,
+        num_layers=p.num_layers,
+        num_heads=p.num_heads,
+        mlp_dim=p.mlp_dim,
         canonical_frame=p.canonical_frame,
-    )  # fmt: skip
+    )
 
 
-def wm_spec(config) -> W.WMSpec:
+def wm_spec(config) -> wmodel.WMSpec:
     w = config.wm
-    return W.WMSpec(
-        num_members=w.num_members, hidden=w.hidden, head_hidden=w.head_hidden,
-        num_actions=config.env.action_bins**2, push_distance=config.env.push_distance,
-    )  # fmt: skip
+    return wmodel.WMSpec(
+        num_members=w.num_members,
+        hidden=w.hidden,
+        head_hidden=w.head_hidden,
+        num_actions=config.env.action_bins**2,
+        push_distance=config.env.push_distance,
+    )
 
 
 def _field(config, dotted):
@@ -156,18 +186,18 @@ def finish_stage(stage_dir: Path, config, report: dict) -> dict:
 # ----------------------------------------------------------------------------- demos
 
 
-def demos_stage(config, stage_dir: Path, pool: R.EnvPool) -> tuple[R.Episodes, dict]:
+def demos_stage(config, stage_dir: Path, pool: rollout.EnvPool) -> tuple[rollout.Episodes, dict]:
     stage_dir = Path(stage_dir)
     report = stage_done(stage_dir, config)
     path = stage_dir / "episodes.npz"
     if report is not None:
         with np.load(path) as f:
-            return R.Episodes(**{k: f[k] for k in f.files}), report
+            return rollout.Episodes(**{k: f[k] for k in f.files}), report
     t0 = time.monotonic()
     train, _ = tasks_of(config)
     rng = np.random.default_rng([config.seed, 1])
-    starts = R.sample_starts(rng, train, config.demos.episodes, pool.spec)
-    eps = R.expert_demos(pool, starts)
+    starts = rollout.sample_starts(rng, train, config.demos.episodes, pool.spec)
+    eps = rollout.expert_demos(pool, starts)
     stage_dir.mkdir(parents=True, exist_ok=True)
     np.savez(path, **eps.to_dict())
     report = {
@@ -182,7 +212,7 @@ def demos_stage(config, stage_dir: Path, pool: R.EnvPool) -> tuple[R.Episodes, d
 # ----------------------------------------------------------------------------- BC
 
 
-def chunk_dataset(eps: R.Episodes, chunk: int) -> dict:
+def chunk_dataset(eps: rollout.Episodes, chunk: int) -> dict:
     """Every time step of every episode as (obs, next H expert actions, mask)."""
     n, T = eps.actions.shape
     t = np.arange(T)
@@ -197,27 +227,30 @@ def chunk_dataset(eps: R.Episodes, chunk: int) -> dict:
     }
 
 
-def bc_stage(config, stage_dir: Path, demos: R.Episodes):
+def bc_stage(config, stage_dir: Path, demos: rollout.Episodes):
     """Returns (graphdef, params, report)."""
     stage_dir = Path(stage_dir)
     spec = policy_spec(config)
-    graphdef, params = P.init_policy(spec, config.seed)
+    graphdef, params = pol.init_policy(spec, config.seed)
     report = stage_done(stage_dir, config)
     if report is not None:
         return graphdef, ckpt.load_tree(stage_dir / "params.npz", params), report
     t0 = time.monotonic()
     keep = demos.success > 0 if config.demos.successful_only else np.ones(len(demos), bool)
     data = chunk_dataset(
-        R.Episodes(**{k: v[keep] for k, v in demos.to_dict().items()}), spec.chunk
+        rollout.Episodes(**{k: v[keep] for k, v in demos.to_dict().items()}), spec.chunk
     )
     steps, bs = config.policy.bc_steps, config.policy.bc_batch_size
-    tx = optax.adamw(optax.warmup_cosine_decay_schedule(0, config.policy.bc_learning_rate,
-                                                         max(steps // 20, 1), max(steps, 2)))  # fmt: skip
+    tx = optax.adamw(
+        optax.warmup_cosine_decay_schedule(
+            0, config.policy.bc_learning_rate, max(steps // 20, 1), max(steps, 2)
+        )
+    )
     opt = tx.init(params)
 
     @jax.jit
     def step(params, opt, b):
-        loss, g = jax.value_and_grad(P.bc_loss)(params, graphdef, **b)
+        loss, g = jax.value_and_grad(pol.bc_loss)(params, graphdef, **b)
         upd, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, upd), opt, loss
 
@@ -229,8 +262,13 @@ def bc_stage(config, stage_dir: Path, demos: R.Episodes):
         params, opt, loss = step(params, opt, {k: jnp.asarray(v[i]) for k, v in data.items()})
     stage_dir.mkdir(parents=True, exist_ok=True)
     ckpt.save_tree(stage_dir / "params.npz", params)
-    report = {"bc_steps": steps, "examples": n, "demos_used": int(keep.sum()),
-              "final_loss": float(loss), "time_s": time.monotonic() - t0}  # fmt: skip
+    report = {
+        "bc_steps": steps,
+        "examples": n,
+        "demos_used": int(keep.sum()),
+        "final_loss": float(loss),
+        "time_s": time.monotonic() - t0,
+    }
     return graphdef, params, finish_stage(stage_dir, config, report)
 
 
@@ -239,21 +277,30 @@ def bc_stage(config, stage_dir: Path, demos: R.Episodes):
 
 def make_actor(graphdef, params, key, temperature=1.0, greedy=False):
     """An `act(words, obs, chunk_index)` for `rollout.policy_rollouts` (jitted policy)."""
-    fn = jax.jit(P.sample_chunk, static_argnums=(0,), static_argnames=("greedy",))
+    fn = jax.jit(pol.sample_chunk, static_argnums=(0,), static_argnames=("greedy",))
 
     def act(words, obs, c):
-        a, lp = fn(graphdef, params, jnp.asarray(words), jnp.asarray(obs),
-                   jax.random.fold_in(key, c), temperature, greedy=greedy)  # fmt: skip
+        a, lp = fn(
+            graphdef,
+            params,
+            jnp.asarray(words),
+            jnp.asarray(obs),
+            jax.random.fold_in(key, c),
+            temperature,
+            greedy=greedy,
+        )
         return np.asarray(a), np.asarray(lp)
 
     return act
 
 
-def wm_stage(config, stage_dir: Path, pool: R.EnvPool, demos: R.Episodes, graphdef, bc_params):
+def wm_stage(
+    config, stage_dir: Path, pool: rollout.EnvPool, demos: rollout.Episodes, graphdef, bc_params
+):
     """Returns (wm params, pretraining data dict, report)."""
     stage_dir = Path(stage_dir)
     spec = wm_spec(config)
-    params = W.init_wm(spec, config.seed + 7)
+    params = wmodel.init_wm(spec, config.seed + 7)
     report = stage_done(stage_dir, config)
     if report is not None:
         with np.load(stage_dir / "data.npz") as f:
@@ -262,23 +309,30 @@ def wm_stage(config, stage_dir: Path, pool: R.EnvPool, demos: R.Episodes, graphd
     t0 = time.monotonic()
     train, _ = tasks_of(config)
     rng = np.random.default_rng([config.seed, 3])
-    starts = R.sample_starts(rng, train, config.wm.policy_rollouts, pool.spec)
-    act = make_actor(graphdef, bc_params, jax.random.PRNGKey(config.seed + 3),
-                     config.rl.temperature)  # fmt: skip
-    rolls = R.policy_rollouts(pool, starts, act, config.policy.chunk)
-    eps = R.Episodes.concat([demos, rolls])
-    data = W.episode_data(eps.obs, eps.actions, eps.task, eps.success, config.env.push_distance)
+    starts = rollout.sample_starts(rng, train, config.wm.policy_rollouts, pool.spec)
+    act = make_actor(
+        graphdef, bc_params, jax.random.PRNGKey(config.seed + 3), config.rl.temperature
+    )
+    rolls = rollout.policy_rollouts(pool, starts, act, config.policy.chunk)
+    eps = rollout.Episodes.concat([demos, rolls])
+    data = wmodel.episode_data(
+        eps.obs, eps.actions, eps.task, eps.success, config.env.push_distance
+    )
     velocities = jnp.asarray(pool.spec.velocities())
     steps = config.wm.pretrain_steps
-    tx = optax.adamw(optax.warmup_cosine_decay_schedule(0, config.wm.learning_rate,
-                                                         max(steps // 20, 1), max(steps, 2)))  # fmt: skip
+    tx = optax.adamw(
+        optax.warmup_cosine_decay_schedule(
+            0, config.wm.learning_rate, max(steps // 20, 1), max(steps, 2)
+        )
+    )
     opt = tx.init(params)
-    step = W.make_train_step(tx, velocities, config.env.push_distance)
+    step = wmodel.make_train_step(tx, velocities, config.env.push_distance)
     brng = np.random.default_rng([config.seed, 4])
     metrics = {}
     for _ in range(steps):
-        b = W.make_batch(brng, data, spec.num_members, config.wm.batch_transitions,
-                         config.wm.batch_episodes)  # fmt: skip
+        b = wmodel.make_batch(
+            brng, data, spec.num_members, config.wm.batch_transitions, config.wm.batch_episodes
+        )
         params, opt, metrics = step(params, opt, b)
     stage_dir.mkdir(parents=True, exist_ok=True)
     ckpt.save_tree(stage_dir / "params.npz", params)

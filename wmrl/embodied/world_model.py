@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from wmrl.embodied import env as E
-from wmrl.embodied import policy as P
+from wmrl.embodied import env as scene
+from wmrl.embodied import policy as pol
 
 LOGVAR_RANGE = (-5.0, 1.0)
 MAX_MOVE = 0.03  # m per action (the pusher moves at most 0.02)
@@ -77,7 +77,7 @@ def init_wm(spec: WMSpec, seed: int):
 
 def dyn_step(member, obs, action, velocities):
     """One member, obs [N, 14], action [N] -> next obs [N, 14] (residual on the moving part)."""
-    feats = P.object_features(obs).reshape(obs.shape[0], -1)
+    feats = pol.object_features(obs).reshape(obs.shape[0], -1)
     onehot = jax.nn.one_hot(action, velocities.shape[0])
     x = jnp.concatenate([feats, onehot, velocities[action] * 5.0], -1)
     # Bounded moves (at most MAX_MOVE per action) and a bounded table keep a long open-loop
@@ -88,11 +88,11 @@ def dyn_step(member, obs, action, velocities):
 
 def task_parts(task_idx):
     """[N] task indices -> (colour [N], direction vectors [N, 2], one-hots [N, 7])."""
-    colour = task_idx // len(E.DIRECTIONS)
-    direction = task_idx % len(E.DIRECTIONS)
-    vecs = jnp.asarray([E.DIRECTION_VECTORS[d] for d in E.DIRECTIONS], jnp.float32)
+    colour = task_idx // len(scene.DIRECTIONS)
+    direction = task_idx % len(scene.DIRECTIONS)
+    vecs = jnp.asarray([scene.DIRECTION_VECTORS[d] for d in scene.DIRECTIONS], jnp.float32)
     onehot = jnp.concatenate(
-        [jax.nn.one_hot(colour, 3), jax.nn.one_hot(direction, len(E.DIRECTIONS))], -1
+        [jax.nn.one_hot(colour, 3), jax.nn.one_hot(direction, len(scene.DIRECTIONS))], -1
     )
     return colour, vecs[direction], onehot
 
@@ -105,10 +105,10 @@ def head_features(obs0, final, task_idx, push_distance):
     blocks = final[:, 2:8].reshape(-1, 3, 2)
     sel = jax.nn.one_hot(colour, 3)[..., None]
     goal = (start_blocks * sel).sum(1) + push_distance * dvec
-    named_off = ((blocks * sel).sum(1) - goal) * P.OBS_SCALE
-    moved = jnp.linalg.norm(blocks - start_blocks, axis=-1) * P.OBS_SCALE
+    named_off = ((blocks * sel).sum(1) - goal) * pol.OBS_SCALE
+    moved = jnp.linalg.norm(blocks - start_blocks, axis=-1) * pol.OBS_SCALE
     others = jnp.sort(jnp.where(sel[..., 0] > 0, 0.0, moved), -1)[:, 1:]
-    feats = P.object_features(final).reshape(final.shape[0], -1)
+    feats = pol.object_features(final).reshape(final.shape[0], -1)
     named_norm = jnp.linalg.norm(named_off, axis=-1, keepdims=True)
     return jnp.concatenate([onehot, feats, named_off, named_norm, others], -1)
 
@@ -142,9 +142,21 @@ def score_finals(params, obs0, finals, task_idx, push_distance):
     return jax.vmap(one)(params, finals)
 
 
-def imagine(wm_params, policy_graphdef, policy_params, words, task_idx, obs0, key, *,
-            chunk: int, episode_len: int, velocities, push_distance: float,
-            temperature: float = 1.0):  # fmt: skip
+def imagine(
+    wm_params,
+    policy_graphdef,
+    policy_params,
+    words,
+    task_idx,
+    obs0,
+    key,
+    *,
+    chunk: int,
+    episode_len: int,
+    velocities,
+    push_distance: float,
+    temperature: float = 1.0,
+):
     """Imagined episodes with the policy in the loop (no simulator).
 
     Returns dict: obs [N, C, 14] (the imagined states the policy acted on, members' mean),
@@ -156,7 +168,9 @@ def imagine(wm_params, policy_graphdef, policy_params, words, task_idx, obs0, ke
 
     def chunk_body(states, k):
         mean_obs = states.mean(0)
-        acts, logp = P.sample_chunk(policy_graphdef, policy_params, words, mean_obs, k, temperature)
+        acts, logp = pol.sample_chunk(
+            policy_graphdef, policy_params, words, mean_obs, k, temperature
+        )
 
         def member_roll(member, s):
             def body(o, a):
@@ -189,7 +203,7 @@ def wm_loss(params, batch, velocities, push_distance):
 
     def one(member, b):
         pred = dyn_step(member, b["obs"], b["action"], velocities)
-        dyn = jnp.mean(jnp.square((pred - b["next_obs"])[:, :8] * P.OBS_SCALE))
+        dyn = jnp.mean(jnp.square((pred - b["next_obs"])[:, :8] * pol.OBS_SCALE))
 
         def body(o, a):
             return dyn_step(jax.lax.stop_gradient(member), o, a, velocities), None
@@ -209,9 +223,9 @@ def wm_loss(params, batch, velocities, push_distance):
 
 def progress_target(obs0, final, task_idx, push_distance) -> np.ndarray:
     """1 - |named block - goal| / |start - goal| (numpy, real episodes)."""
-    colour = task_idx // len(E.DIRECTIONS)
-    vecs = np.asarray([E.DIRECTION_VECTORS[d] for d in E.DIRECTIONS], np.float32)
-    dvec = vecs[task_idx % len(E.DIRECTIONS)]
+    colour = task_idx // len(scene.DIRECTIONS)
+    vecs = np.asarray([scene.DIRECTION_VECTORS[d] for d in scene.DIRECTIONS], np.float32)
+    dvec = vecs[task_idx % len(scene.DIRECTIONS)]
     n = np.arange(len(task_idx))
     start = obs0[:, 8:14].reshape(-1, 3, 2)[n, colour]
     end = final[:, 2:8].reshape(-1, 3, 2)[n, colour]
