@@ -115,7 +115,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         policy_tx=policy_tx,
         wm_tx=wm_tx,
         wm_online_steps=config.wm.online_steps,
-        wm_batch=(config.wm.batch_transitions, config.wm.batch_episodes),
+        wm_batch=(config.wm.batch_transitions, config.wm.batch_episodes, config.wm.unroll),
         replay_size=config.wm.replay_size,
     )
     template = rl.init_rl_state(

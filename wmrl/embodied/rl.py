@@ -204,7 +204,7 @@ class Trainer:
     policy_tx: object
     wm_tx: object
     wm_online_steps: int
-    wm_batch: tuple[int, int]
+    wm_batch: tuple[int, int, int]  # windows, episodes, unroll
     replay_size: int
 
     def __post_init__(self):

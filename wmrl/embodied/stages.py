@@ -44,6 +44,7 @@ STAGE_FIELDS = {
         "wm.policy_rollouts",
         "wm.pretrain_steps",
         "wm.batch_transitions",
+        "wm.unroll",
         "wm.batch_episodes",
         "wm.learning_rate",
     ),
@@ -331,7 +332,12 @@ def wm_stage(
     metrics = {}
     for _ in range(steps):
         b = wmodel.make_batch(
-            brng, data, spec.num_members, config.wm.batch_transitions, config.wm.batch_episodes
+            brng,
+            data,
+            spec.num_members,
+            config.wm.batch_transitions,
+            config.wm.batch_episodes,
+            config.wm.unroll,
         )
         params, opt, metrics = step(params, opt, b)
     stage_dir.mkdir(parents=True, exist_ok=True)

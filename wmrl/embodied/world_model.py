@@ -202,8 +202,15 @@ def wm_loss(params, batch, velocities, push_distance):
     """
 
     def one(member, b):
-        pred = dyn_step(member, b["obs"], b["action"], velocities)
-        dyn = jnp.mean(jnp.square((pred - b["next_obs"])[:, :8] * pol.OBS_SCALE))
+        # K-step unroll from a real state (K = the window's length): the loss sees the
+        # compounding error that open-loop imagination of a whole episode suffers.
+        def unroll(o, xs):
+            a, target = xs
+            o = dyn_step(member, o, a, velocities)
+            return o, jnp.mean(jnp.square((o - target)[:, :8] * pol.OBS_SCALE))
+
+        _, errs = jax.lax.scan(unroll, b["obs"], (b["action"].T, b["next_obs"].transpose(1, 0, 2)))
+        dyn = errs.mean()
 
         def body(o, a):
             return dyn_step(jax.lax.stop_gradient(member), o, a, velocities), None
@@ -235,17 +242,27 @@ def progress_target(obs0, final, task_idx, push_distance) -> np.ndarray:
     )
 
 
-def make_batch(rng: np.random.Generator, data: dict, members: int, transitions: int, episodes: int):
-    """Bootstrap draws (one per member) of transitions and whole episodes from `data`
-    (numpy: obs [E, T+1, 14], actions [E, T], task [E], success [E], progress [E])."""
+def make_batch(
+    rng: np.random.Generator,
+    data: dict,
+    members: int,
+    transitions: int,
+    episodes: int,
+    unroll: int = 1,
+):
+    """Bootstrap draws (one per member) of `unroll`-step windows and whole episodes from
+    `data` (numpy: obs [E, T+1, 14], actions [E, T], task [E], success [E], progress [E]).
+    Windows: obs [M, n, 14] at the start, action [M, n, K], next_obs [M, n, K, 14]."""
     n_ep, T = data["actions"].shape
+    k = min(unroll, T)
     ei = rng.integers(0, n_ep, (members, transitions))
-    ti = rng.integers(0, T, (members, transitions))
+    ti = rng.integers(0, T - k + 1, (members, transitions))
+    steps = ti[..., None] + np.arange(k)
     ej = rng.integers(0, n_ep, (members, episodes))
     return {
         "obs": data["obs"][ei, ti],
-        "action": data["actions"][ei, ti],
-        "next_obs": data["obs"][ei, ti + 1],
+        "action": data["actions"][ei[..., None], steps],
+        "next_obs": data["obs"][ei[..., None], steps + 1],
         "ep_obs0": data["obs"][ej, 0],
         "ep_actions": data["actions"][ej],
         "ep_task": data["task"][ej],
