@@ -31,6 +31,9 @@ from wmrl.embodied import experiment
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the shared stages and the runs.")
 _SEEDS = flags.DEFINE_integer("seeds", 5, "Seeds of `real` and `wmrl`.")
 _ABLATION_SEEDS = flags.DEFINE_integer("ablation_seeds", 1, "Seeds of each ablation (0 = off).")
+_ABLATIONS = flags.DEFINE_list(
+    "ablations", "wm_only,debias_only,denoise_only,constant_wm", "Ablation modes to run."
+)
 _OUT = flags.DEFINE_string("out", None, "JSON output file.")
 _STEPS = flags.DEFINE_integer("steps", 0, "RL steps per run (0 = the config's).")
 _TARGET = flags.DEFINE_float("target", -1.0, "Held-out success target (<0 = the config's).")
@@ -121,11 +124,16 @@ def wm_diagnostics(workdir: Path, runs: list[str]) -> dict:
     return out
 
 
-def run_benchmark(workdir, seeds, ablation_seeds, steps=0, target=-1.0, tiny=False) -> dict:
+def run_benchmark(
+    workdir, seeds, ablation_seeds, steps=0, target=-1.0, tiny=False, ablations=ABLATIONS
+) -> dict:
     workdir = Path(workdir)
     init = workdir / "init"
     plan = [(m, s) for s in range(seeds) for m in MAIN_MODES]
-    plan += [(m, s) for s in range(ablation_seeds) for m in ABLATIONS]
+    unknown = [m for m in ablations if m not in ABLATIONS]
+    if unknown:
+        raise ValueError(f"--ablations: unknown mode(s) {unknown}; choose from {ABLATIONS}")
+    plan += [(m, s) for s in range(ablation_seeds) for m in ablations]
     summaries, t0 = {}, time.monotonic()
     for mode, seed in plan:
         name = f"{mode}_s{seed}"
@@ -228,6 +236,7 @@ def main(argv):
         _STEPS.value,
         _TARGET.value,
         _TINY.value,
+        tuple(_ABLATIONS.value),
     )
     print_table(res)
     Path(_OUT.value).write_text(json.dumps(res, indent=2) + "\n")

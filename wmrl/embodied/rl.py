@@ -385,7 +385,7 @@ class Trainer:
                 )
             new["corr"] = corr
             # constant_wm's running mean of real anchor success
-            ring, pos = state["recent_real"].copy(), int(state["recent_pos"])
+            ring, pos = np.array(state["recent_real"]), int(state["recent_pos"])
             for v in real.success:
                 ring[pos % len(ring)] = v
                 pos += 1
