@@ -18,12 +18,14 @@ from wmrl.embodied import experiment, rl
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "constant_wm")
+# RL steps of the fixture's runs: 2 (the tiny config's) where a test needs a second step (the
+# notebook reuses real and wmrl; constant_wm's score needs earlier anchors), else 1.
+STEPS = {"real": 2, "wmrl": 2, "constant_wm": 2}
 
 
 def tiny(init_dir, **overrides):
     c = embodied_push.get_config("tiny")
     c.init_dir = str(init_dir)
-    c.rl.steps = 2
     for k, v in overrides.items():
         node = c
         *path, leaf = k.split("__")
@@ -43,14 +45,16 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("embodied")
     out = {}
     for mode in MODES:
-        out[mode] = (root / mode, experiment.run(tiny(root / "init", mode=mode), root / mode))
+        config = tiny(root / "init", mode=mode, rl__steps=STEPS.get(mode, 1))
+        out[mode] = (root / mode, experiment.run(config, root / mode))
     return root, out
 
 
 def test_every_mode_runs_and_counts_its_episodes(runs):
     _, out = runs
-    B, G, steps = 4, 4, 2  # the tiny setting: 4 groups of 4, rho 0.5 -> 2 anchor groups
+    B, G = 4, 4  # the tiny setting: 4 groups of 4, rho 0.5 -> 2 anchor groups
     for mode, (wd, s) in out.items():
+        steps = STEPS.get(mode, 1)
         real_groups = B if mode == "real" else 2
         assert s["real_episodes"] == steps * real_groups * G, mode
         assert s["wm_episodes"] == steps * (B - real_groups) * G, mode
@@ -289,3 +293,16 @@ def test_sigkill_then_rerun_equals_uninterrupted_run(runs, tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert outcome(wd) == outcome(straight)
+
+
+def test_notebook_executes_on_the_finished_tiny_runs(runs, monkeypatch):
+    """colabs/embodied.ipynb headless, on the tiny setting: the fixture's finished `real` and
+    `wmrl` runs are where the notebook puts them, so its runs resume at their last checkpoint
+    (tests/test_embodied_colab.py, slow, runs it from scratch)."""
+    from tests.test_embodied_colab import execute_notebook
+
+    root, out = runs
+    text, images = execute_notebook(monkeypatch, root)
+    assert "final_heldout_success" in text and "mean within-group AUC" in text
+    assert len(images) == 2
+    assert f"'real_episodes': {out['wmrl'][1]['real_episodes']}" in text
