@@ -30,7 +30,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mode = "wmrl"  # real | wm_only | debias_only | denoise_only | wmrl | constant_wm
     c.obs = "state"  # the only variant implemented (no images)
     c.init_dir = ""  # shared stages ('' = <workdir>/init)
-    c.target_success = 0.6  # held-out success that defines real_episodes_to_target
+    # Held-out success that defines real_episodes_to_target (warm start 0.377; `real` reached it
+    # in 320 and 640 real episodes on two seeds, docs/results.md).
+    c.target_success = 0.45
 
     c.env = ml_collections.ConfigDict()
     c.env.colours = ("red", "green", "blue")  # the scene's blocks
