@@ -30,7 +30,7 @@ _COORDINATOR = flags.DEFINE_string(
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process: number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
 
-EXPERIMENTS = ("bandit", "autoresearch")
+EXPERIMENTS = ("bandit", "autoresearch", "embodied")
 
 
 def validate(config) -> None:
@@ -45,6 +45,10 @@ def validate(config) -> None:
         from wmrl.rl.config import validate_autoresearch_config
 
         validate_autoresearch_config(config)
+    elif experiment == "embodied":
+        from wmrl.embodied.stages import validate_embodied_config
+
+        validate_embodied_config(config)
 
 
 def check_fresh_workdir(workdir: epath.Path) -> None:
@@ -88,6 +92,12 @@ def main(argv: list[str]) -> None:
             from wmrl.rl.experiment import check_resumable
 
             check_resumable(config, workdir)  # before config.json is rewritten
+        if config.experiment == "embodied":
+            from wmrl.embodied.experiment import check_resumable as check_embodied_resumable
+
+            if not storage.is_local(workdir):
+                raise ConfigError("workdir", "embodied runs need a local folder, got a URL")
+            check_embodied_resumable(config, workdir)
     except (ConfigError, FileExistsError, ValueError) as e:
         logging.error("%s", e)
         print(f"error: {e}", file=sys.stderr)
@@ -109,6 +119,13 @@ def main(argv: list[str]) -> None:
         summary = run(config, workdir, write_outputs=distributed.writes_outputs(cluster))
         keys = ("mode", "warmstart_heldout_reward", "final_heldout_reward", "wall_time_s",
                 "time_to_target_s", "real_executions", "wm_calls")  # fmt: skip
+        print(json.dumps({"workdir": str(workdir), **{k: summary[k] for k in keys}}, indent=2))
+    elif config.experiment == "embodied":
+        from wmrl.embodied.experiment import run as run_embodied
+
+        summary = run_embodied(config, workdir, progress=True)
+        keys = ("mode", "observations", "warmstart_heldout_success", "final_heldout_success",
+                "real_episodes", "wm_episodes", "real_episodes_to_target")  # fmt: skip
         print(json.dumps({"workdir": str(workdir), **{k: summary[k] for k in keys}}, indent=2))
 
 

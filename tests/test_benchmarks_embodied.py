@@ -1,0 +1,95 @@
+"""The embodied benchmark's statistics and its JSON, on hand-written finished runs (the
+benchmark reuses a run whose summary.json exists instead of training it)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from wmrl.benchmarks import embodied as bench
+
+
+def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_agreement():
+    lo, hi = bench.bootstrap_ci([100, 200, 300, 400])
+    assert lo < 250 < hi and lo >= 100 and hi <= 400
+    assert bench.bootstrap_ci([5, 5, 5]) == [5.0, 5.0]
+    assert bench.bootstrap_ci([]) is None
+
+
+def test_to_target_and_budget_by_hand():
+    curve = [
+        {"heldout_success": s, "real_episodes": e, "wall_time_s": w}
+        for s, e, w in ((0.3, 0, 0.0), (0.4, 100, 5.0), (0.5, 200, 9.0))
+    ]
+    assert bench.to_target(curve, 0.45, "real_episodes") == (200, True)
+    assert bench.to_target(curve, 0.45, "wall_time_s") == (9.0, True)
+    assert bench.to_target(curve, 0.9, "real_episodes") == (200, False)  # censored: the total
+    assert bench.success_at_budget(curve, 150) == 0.4
+
+
+def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6):
+    wd.mkdir(parents=True)
+    curve = [
+        {
+            "step": i,
+            "real_episodes": e,
+            "wm_episodes": 0,
+            "wall_time_s": float(i),
+            "heldout_success": s,
+            "heldout_success_se": 0.02,
+        }
+        for i, (s, e) in enumerate(zip(success, episodes, strict=True))
+    ]
+    summary = {
+        "target_success": 0.45,
+        "steps": len(curve) - 1,
+        "heldout_curve": curve,
+        "warmstart_heldout_success": success[0],
+        "final_heldout_success": success[-1],
+        "real_episodes": episodes[-1],
+        "wm_episodes": wm_episodes,
+        "wall_time_s": float(len(curve) - 1),
+        "stage_real_episodes": {"expert_demos": 240, "wm_pretrain_rollouts": 50},
+    }
+    (wd / "summary.json").write_text(json.dumps(summary))
+    steps = [
+        {
+            "kind": "step",
+            "step": i + 1,
+            "anchor_auc": auc,
+            "real_success": 0.4,
+            "imagined_success": 0.5,
+            "imagined_success_calibrated": 0.45,
+            "bias_reduction": 0.1,
+        }
+        for i in range(4)
+    ]
+    (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+
+
+def test_benchmark_json_on_finished_runs(tmp_path):
+    # real reaches 0.45 at 600 and 900 episodes; wmrl at 150 and 300 (of 300 and 400)
+    fake_run(tmp_path / "real_s0", [0.3, 0.4, 0.46], [0, 300, 600])
+    fake_run(tmp_path / "real_s1", [0.3, 0.44, 0.47], [0, 600, 900])
+    fake_run(tmp_path / "wmrl_s0", [0.3, 0.45, 0.5], [0, 150, 300], 900, auc=0.7)
+    fake_run(tmp_path / "wmrl_s1", [0.3, 0.4, 0.46], [0, 150, 300], 900, auc=0.5)
+    for m in bench.ABLATIONS:
+        fake_run(tmp_path / f"{m}_s0", [0.3, 0.35, 0.4], [0, 150, 300], 900)
+    res = bench.run_benchmark(tmp_path, seeds=2, ablation_seeds=1)
+    assert res["real_episodes_to_target"]["real"]["mean"] == 750
+    assert res["real_episodes_to_target"]["wmrl"]["mean"] == 225
+    assert res["real_episodes_to_target"]["real"]["per_seed"] == [600, 900]
+    assert res["ratio_real_over_wmrl"]["episodes_to_target"] == pytest.approx(750 / 225)
+    assert res["ratio_real_over_wmrl"][
+        "episodes_to_target_counting_wm_pretrain_rollouts"
+    ] == pytest.approx(750 / 275)
+    assert res["reached_target"]["wm_only"] == 0  # never reached: censored at its total
+    assert res["success_at_budget"]["budget_real_episodes"] == 300
+    # within 300 real episodes: seed 0 of real had its 0.4 evaluation, seed 1 only its warm start
+    assert res["success_at_budget"]["real"]["mean"] == pytest.approx((0.4 + 0.3) / 2)
+    assert res["success_at_budget"]["wmrl"]["mean"] == pytest.approx(0.48)
+    lo, hi = res["final_heldout_success"]["wmrl"]["ci95"]
+    assert lo <= 0.48 <= hi
+    assert res["wm_diagnostics"]["anchor_auc_by_quarter"] == pytest.approx([0.6] * 4)
+    json.dumps(res)  # serialisable
+    assert np.isfinite(res["benchmark_s"])

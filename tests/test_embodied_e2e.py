@@ -1,0 +1,308 @@
+"""End-to-end smoke of every embodied mode on the tiny setting (in-process, shared stages), the
+correction core imported rather than copied, resume, and the command line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from configs import embodied_push
+from wmrl.core import debias, denoise, grpo, routing
+from wmrl.embodied import experiment, rl
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "constant_wm")
+# RL steps of the fixture's runs: 2 (the tiny config's) where a test needs a second step (the
+# notebook reuses real and wmrl; constant_wm's score needs earlier anchors), else 1.
+STEPS = {"real": 2, "wmrl": 2, "constant_wm": 2}
+
+
+def tiny(init_dir, **overrides):
+    c = embodied_push.get_config("tiny")
+    c.init_dir = str(init_dir)
+    for k, v in overrides.items():
+        node = c
+        *path, leaf = k.split("__")
+        for p in path:
+            node = node[p]
+        node[leaf] = v
+    return c
+
+
+def steps_of(wd):
+    recs = [json.loads(x) for x in (Path(wd) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in recs if r["kind"] == "step"], [r for r in recs if r["kind"] == "eval"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embodied")
+    out = {}
+    for mode in MODES:
+        config = tiny(root / "init", mode=mode, rl__steps=STEPS.get(mode, 1))
+        out[mode] = (root / mode, experiment.run(config, root / mode))
+    return root, out
+
+
+def test_every_mode_runs_and_counts_its_episodes(runs):
+    _, out = runs
+    B, G = 4, 4  # the tiny setting: 4 groups of 4, rho 0.5 -> 2 anchor groups
+    for mode, (wd, s) in out.items():
+        steps = STEPS.get(mode, 1)
+        real_groups = B if mode == "real" else 2
+        assert s["real_episodes"] == steps * real_groups * G, mode
+        assert s["wm_episodes"] == steps * (B - real_groups) * G, mode
+        for k in ("warmstart_heldout_success", "final_heldout_success"):
+            assert 0.0 <= s[k] <= 1.0
+        assert s["observations"] == "state"
+        for f in (
+            "metrics.jsonl",
+            "summary.json",
+            "plots/heldout_success.png",
+            "plots/wm_diagnostics.png",
+        ):
+            assert (wd / f).exists(), (mode, f)
+    # the stages ran once: the WM's pretraining rollouts are counted, `real` spends none
+    assert out["real"][1]["stage_real_episodes"]["wm_pretrain_rollouts"] == 0
+    assert out["wmrl"][1]["stage_real_episodes"]["wm_pretrain_rollouts"] == 16
+
+
+def test_constant_wm_scores_every_imagined_episode_with_the_recent_anchor_mean(runs):
+    _, out = runs
+    steps, _ = steps_of(out["constant_wm"][0])
+    assert steps[0]["imagined_success_calibrated"] == 0.0  # no anchors yet
+    # step 2: the mean real success of step 1's anchors (computed independently here)
+    assert steps[1]["imagined_success_calibrated"] == pytest.approx(steps[0]["real_success"])
+
+
+def test_modes_differ_only_where_they_should(runs):
+    _, out = runs
+    real, _ = steps_of(out["real"][0])
+    wm_only, _ = steps_of(out["wm_only"][0])
+    assert "imagined_success" not in real[0] and "imagined_success" in wm_only[0]
+    # the same seed routes the same anchor groups in every WM mode: identical anchor rollouts
+    # at step 1 (same policy), whatever the correction does afterwards
+    firsts = {m: steps_of(out[m][0])[0][0]["real_success"] for m in MODES if m != "real"}
+    assert len(set(firsts.values())) == 1, firsts
+
+
+def test_within_group_auc_by_hand():
+    scores = np.array([[0.9, 0.1, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2], [0.3, 0.7, 0.1, 0.9]])
+    real = np.array([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
+    auc, n = rl.within_group_auc(scores, real)
+    # group 1: pos {0.9, 0.5} vs neg {0.1, 0.5}: (1 + 1 + 1 + 0.5) / 4; group 2 skipped;
+    # group 3: pos {0.3, 0.7} vs neg {0.1, 0.9}: (1 + 0 + 1 + 0) / 4
+    assert n == 2 and auc == pytest.approx((0.875 + 0.5) / 2)
+
+
+# ----------------------------------------------------------------------------- core imported
+
+
+def test_embodied_code_has_no_copy_of_the_correction_core():
+    """The correction maths lives in wmrl.core only: no definition of a core function here."""
+    core_defs = set()
+    for mod in (debias, denoise, grpo, routing):
+        src = Path(mod.__file__).read_text()
+        core_defs |= {
+            line.split("(")[0][4:] for line in src.splitlines() if line.startswith("def ")
+        }
+    assert {"group_advantages", "fuse_ensemble", "route_anchors", "apply_debias"} <= core_defs
+    for path in (ROOT / "wmrl" / "embodied").glob("*.py"):
+        src = path.read_text()
+        defs = {
+            line.strip().split("(")[0][4:]
+            for line in src.splitlines()
+            if line.strip().startswith("def ")
+        }
+        assert not defs & core_defs, (path.name, defs & core_defs)
+        for marker in ("isotonic", "pool-adjacent", "1.0 / v", "ema_norm"):
+            assert marker not in src, (path.name, marker)
+    rl_src = (ROOT / "wmrl" / "embodied" / "rl.py").read_text()
+    assert "from wmrl.core import debias, denoise, grpo, routing" in rl_src
+
+
+def test_patching_the_core_changes_the_embodied_run(runs, monkeypatch, tmp_path):
+    """Observed, not grepped: replace core functions and the embodied trainer follows."""
+    root, _out = runs
+    calls = {"fuse": 0, "apply_debias": 0, "update_denoise": 0}
+    real_fuse, real_apply, real_upd = (
+        denoise.fuse_ensemble,
+        debias.apply_debias,
+        denoise.update_denoise,
+    )
+
+    def count(name, fn):
+        def wrapped(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+
+        return wrapped
+
+    monkeypatch.setattr(denoise, "fuse_ensemble", count("fuse", real_fuse))
+    monkeypatch.setattr(debias, "apply_debias", count("apply_debias", real_apply))
+    monkeypatch.setattr(denoise, "update_denoise", count("update_denoise", real_upd))
+    # every group an anchor: the routing decides how many real episodes there are
+    monkeypatch.setattr(
+        routing, "route_anchors", lambda rng, n, cfg, *a, **k: (np.ones(n, bool), np.ones(n))
+    )
+    # zero advantages: GRPO has nothing to follow, the policy stays the BC policy
+    monkeypatch.setattr(
+        grpo, "group_advantages", lambda r, g, **k: np.zeros(r.shape[0], np.float32)
+    )
+    s = experiment.run(tiny(root / "init", mode="wmrl", rl__steps=1), tmp_path / "patched")
+    assert s["real_episodes"] == 16 and s["wm_episodes"] == 0
+    assert calls["fuse"] >= 1 and calls["apply_debias"] >= 1 and calls["update_denoise"] == 1
+    assert s["final_heldout_success"] == s["warmstart_heldout_success"]
+    first = steps_of(tmp_path / "patched")[0][0]
+    # unchanged policy (KL to the BC policy 0 up to rounding), zero advantage
+    assert first["pg_loss"] == 0.0 and first["kl"] == pytest.approx(0.0, abs=1e-9)
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def outcome(wd):
+    s = json.loads((Path(wd) / "summary.json").read_text())
+    steps, evals = steps_of(wd)
+    drop = ("wall_time_s", "real_s", "wm_score_s", "train_s", "wm_train_s")
+    return {
+        "summary": {
+            k: s[k]
+            for k in (
+                "real_episodes",
+                "wm_episodes",
+                "final_heldout_success",
+                "warmstart_heldout_success",
+            )
+        },
+        "steps": [{k: v for k, v in r.items() if k not in drop} for r in steps],
+        "evals": [(e["step"], e["heldout_success"]) for e in evals],
+    }
+
+
+def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(runs, tmp_path):
+    """A run stopped after step 1's checkpoint (later files gone, a half-logged step left in
+    metrics.jsonl) and rerun gives the uninterrupted run's results."""
+    root, out = runs
+    wd = tmp_path / "resumed"
+    experiment.run(tiny(root / "init", mode="wmrl"), wd)
+    (wd / "summary.json").unlink()
+    for p in (wd / "checkpoints").glob("*_2.*"):
+        p.unlink()
+    with open(wd / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "step", "step": 2, "train_reward": -1.0}) + "\n")
+    experiment.run(tiny(root / "init", mode="wmrl"), wd)
+    assert outcome(wd) == outcome(out["wmrl"][0])
+
+
+def main_cmd(wd, init_dir, *flags):
+    return [
+        sys.executable,
+        "-m",
+        "wmrl.main",
+        "--config=configs/embodied_push.py:tiny",
+        f"--workdir={wd}",
+        f"--config.init_dir={init_dir}",
+        *flags,
+    ]
+
+
+def test_command_line_writes_the_artefacts_and_refuses_bad_input(runs, tmp_path):
+    root, _ = runs
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    wd = tmp_path / "cli"
+    bad = subprocess.run(
+        main_cmd(wd, root / "init", "--config.policy.chunk=80"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "config.policy.chunk" in bad.stderr
+    proc = subprocess.run(
+        main_cmd(wd, root / "init", "--config.rl.steps=1"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for f in ("config.json", "metrics.jsonl", "summary.json", "plots/heldout_success.png"):
+        assert (wd / f).exists(), f
+    s = json.loads((wd / "summary.json").read_text())
+    assert {
+        "warmstart_heldout_success",
+        "final_heldout_success",
+        "real_episodes",
+        "wm_episodes",
+    } <= set(s)
+    again = subprocess.run(
+        main_cmd(wd, root / "init", "--config.rl.steps=1"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 2 and "finished run" in again.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_equals_uninterrupted_run(runs, tmp_path):
+    root, _ = runs
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    flags = ("--config.rl.steps=4",)
+    straight = tmp_path / "straight"
+    proc = subprocess.run(
+        main_cmd(straight, root / "init", *flags), cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wd = tmp_path / "killed"
+    p = subprocess.Popen(
+        main_cmd(wd, root / "init", *flags),
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 600
+    while not (wd / "checkpoints" / "meta_2.json").exists():
+        assert p.poll() is None, p.stderr.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not (wd / "summary.json").exists()
+    bad = subprocess.run(
+        main_cmd(wd, root / "init", *flags, "--config.rl.learning_rate=0.5"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "rl.learning_rate" in bad.stderr
+    resumed = subprocess.run(
+        main_cmd(wd, root / "init", *flags), cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert outcome(wd) == outcome(straight)
+
+
+def test_notebook_executes_on_the_finished_tiny_runs(runs, monkeypatch):
+    """colabs/embodied.ipynb headless, on the tiny setting: the fixture's finished `real` and
+    `wmrl` runs are where the notebook puts them, so its runs resume at their last checkpoint
+    (tests/test_embodied_colab.py, slow, runs it from scratch)."""
+    from tests.test_embodied_colab import execute_notebook
+
+    root, out = runs
+    text, images = execute_notebook(monkeypatch, root)
+    assert "final_heldout_success" in text and "mean within-group AUC" in text
+    assert len(images) == 2
+    assert f"'real_episodes': {out['wmrl'][1]['real_episodes']}" in text

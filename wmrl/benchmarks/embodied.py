@@ -1,0 +1,247 @@
+"""Embodied benchmark: real episodes (and wall-clock) to a held-out success target, `wmrl` vs
+`real` with identical hyperparameters, several seeds, plus the ablations and WM diagnostics.
+
+    python -m wmrl.benchmarks.embodied --workdir=runs/embodied_bench --seeds=5 \\
+        --out=embodied_bench.json
+
+The stages (expert demos, BC, WM pretraining) are built once in `<workdir>/init` and shared
+by every run; seeds differ in policy sampling, task order and routing (`config.rl.seed`), and
+every run is evaluated on the same held-out start states. A finished run (its summary.json) is
+reused, so an interrupted benchmark continues where it stopped.
+
+Cost is counted in real (simulator) episodes, what a robot would pay; the WM's pretraining
+rollouts of the BC policy are real episodes too and are reported next to the ratio (with and
+without them). Wall-clock is measured simulation time on this machine and is reported
+separately: real rollouts are cheap in simulation, so no wall-clock saving is claimed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import app, flags
+
+from configs import embodied_push
+from wmrl.benchmarks.common import machine
+from wmrl.embodied import experiment
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the shared stages and the runs.")
+_SEEDS = flags.DEFINE_integer("seeds", 5, "Seeds of `real` and `wmrl`.")
+_ABLATION_SEEDS = flags.DEFINE_integer("ablation_seeds", 1, "Seeds of each ablation (0 = off).")
+_ABLATIONS = flags.DEFINE_list(
+    "ablations", "wm_only,debias_only,denoise_only,constant_wm", "Ablation modes to run."
+)
+_OUT = flags.DEFINE_string("out", None, "JSON output file.")
+_STEPS = flags.DEFINE_integer("steps", 0, "RL steps per run (0 = the config's).")
+_TARGET = flags.DEFINE_float("target", -1.0, "Held-out success target (<0 = the config's).")
+_TINY = flags.DEFINE_boolean("tiny", False, "The seconds-long tiny setting (tests).")
+flags.mark_flags_as_required(["workdir", "out"])
+
+MAIN_MODES = ("real", "wmrl")
+ABLATIONS = ("wm_only", "debias_only", "denoise_only", "constant_wm")
+
+
+def bootstrap_ci(values, reps: int = 10000, seed: int = 0) -> list[float] | None:
+    """95% percentile-bootstrap interval of the mean over seeds."""
+    v = np.asarray([x for x in values if x is not None], float)
+    if len(v) == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), (reps, len(v)))].mean(1)
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+
+def stat(values) -> dict:
+    v = [x for x in values if x is not None]
+    return {
+        "mean": float(np.mean(v)) if v else None,
+        "ci95": bootstrap_ci(v),
+        "n": len(v),
+        "per_seed": list(values),
+    }
+
+
+def to_target(curve, target, key):
+    """(value at the first evaluation at or above target, reached?); never reached: the
+    run's total (a lower bound, flagged)."""
+    for e in curve:
+        if e["heldout_success"] >= target:
+            return e[key], True
+    return curve[-1][key], False
+
+
+def success_at_budget(curve, budget):
+    """Held-out success of the last evaluation made within `budget` real episodes."""
+    ok = [e for e in curve if e["real_episodes"] <= budget]
+    return ok[-1]["heldout_success"]
+
+
+def make_config(args_tiny, steps, mode, seed, init_dir, target):
+    c = embodied_push.get_config("tiny" if args_tiny else None)
+    c.mode = mode
+    c.rl.seed = seed
+    c.init_dir = str(init_dir)
+    if steps:
+        c.rl.steps = steps
+    if target >= 0:
+        c.target_success = target
+    return c
+
+
+def wm_diagnostics(workdir: Path, runs: list[str]) -> dict:
+    """Within-group AUC of WM scores vs real success on the anchors, imagined vs real success
+    over training (in quarters), bias reduction; means over the given runs."""
+    quarters = {
+        "anchor_auc": [],
+        "imagined_success": [],
+        "imagined_success_calibrated": [],
+        "real_success": [],
+        "bias_reduction": [],
+    }
+    for name in runs:
+        recs = [json.loads(x) for x in (workdir / name / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in recs if r["kind"] == "step"]
+        parts = np.array_split(np.arange(len(steps)), 4)
+        for key in quarters:
+            row = []
+            for idx in parts:
+                vals = [steps[i].get(key) for i in idx]
+                vals = [v for v in vals if v is not None and v == v]
+                row.append(float(np.mean(vals)) if vals else None)
+            quarters[key].append(row)
+    out = {}
+    for key, rows in quarters.items():
+        cols = list(zip(*rows, strict=False)) if rows else []
+        out[key + "_by_quarter"] = [
+            float(np.mean([v for v in col if v is not None]))
+            if any(v is not None for v in col)
+            else None
+            for col in cols
+        ]
+    return out
+
+
+def run_benchmark(
+    workdir, seeds, ablation_seeds, steps=0, target=-1.0, tiny=False, ablations=ABLATIONS
+) -> dict:
+    workdir = Path(workdir)
+    init = workdir / "init"
+    plan = [(m, s) for s in range(seeds) for m in MAIN_MODES]
+    unknown = [m for m in ablations if m not in ABLATIONS]
+    if unknown:
+        raise ValueError(f"--ablations: unknown mode(s) {unknown}; choose from {ABLATIONS}")
+    plan += [(m, s) for s in range(ablation_seeds) for m in ablations]
+    summaries, t0 = {}, time.monotonic()
+    for mode, seed in plan:
+        name = f"{mode}_s{seed}"
+        wd = workdir / name
+        if (wd / "summary.json").exists():
+            summaries[name] = json.loads((wd / "summary.json").read_text())
+        else:
+            config = make_config(tiny, steps, mode, seed, init, target)
+            experiment.check_resumable(config, wd)
+            wd.mkdir(parents=True, exist_ok=True)
+            (wd / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+            summaries[name] = experiment.run(config, wd)
+        s = summaries[name]
+        print(
+            f"{name:18s} held-out {s['warmstart_heldout_success']:.3f} -> "
+            f"{s['final_heldout_success']:.3f}  real episodes {s['real_episodes']}",
+            flush=True,
+        )
+    tgt = next(iter(summaries.values()))["target_success"]
+    modes = list(dict.fromkeys(m for m, _ in plan))
+    by_mode = {
+        m: [summaries[f"{m}_s{s}"] for s in range(seeds if m in MAIN_MODES else ablation_seeds)]
+        for m in modes
+    }
+    # a fixed budget of real episodes: what wmrl spends in a whole run
+    budget = min(s["real_episodes"] for s in by_mode["wmrl"])
+    result = {
+        "machine": machine(),
+        "observations": "state",
+        "target_success": tgt,
+        "seeds": seeds,
+        "ablation_seeds": ablation_seeds,
+        "steps": next(iter(summaries.values()))["steps"],
+        "real_episodes_to_target": {},
+        "wall_time_to_target_s": {},
+        "reached_target": {},
+        "success_at_budget": {"budget_real_episodes": budget},
+        "final_heldout_success": {},
+        "warmstart_heldout_success": float(by_mode["real"][0]["warmstart_heldout_success"]),
+        "real_episodes": {},
+        "wm_episodes": {},
+        "stage_real_episodes": by_mode["wmrl"][0]["stage_real_episodes"],
+        "wall_time_s": {},
+    }
+    for m, runs in by_mode.items():
+        hits = [to_target(s["heldout_curve"], tgt, "real_episodes") for s in runs]
+        walls = [to_target(s["heldout_curve"], tgt, "wall_time_s") for s in runs]
+        result["real_episodes_to_target"][m] = stat([h for h, _ in hits])
+        result["wall_time_to_target_s"][m] = stat([w for w, _ in walls])
+        result["reached_target"][m] = sum(ok for _, ok in hits)
+        result["success_at_budget"][m] = stat(
+            [success_at_budget(s["heldout_curve"], budget) for s in runs]
+        )
+        result["final_heldout_success"][m] = stat([s["final_heldout_success"] for s in runs])
+        result["real_episodes"][m] = stat([s["real_episodes"] for s in runs])
+        result["wm_episodes"][m] = stat([s["wm_episodes"] for s in runs])
+        result["wall_time_s"][m] = stat([s["wall_time_s"] for s in runs])
+    r, w = (result["real_episodes_to_target"][m]["mean"] for m in ("real", "wmrl"))
+    pre = result["stage_real_episodes"]["wm_pretrain_rollouts"]
+    both = all(result["reached_target"][m] == len(by_mode[m]) for m in MAIN_MODES)
+    result["ratio_real_over_wmrl"] = {
+        "episodes_to_target": r / w if both and w else None,
+        "episodes_to_target_counting_wm_pretrain_rollouts": r / (w + pre) if both else None,
+        "note": "None unless every seed of both modes reached the target",
+    }
+    result["wm_diagnostics"] = wm_diagnostics(workdir, [f"wmrl_s{s}" for s in range(seeds)])
+    result["benchmark_s"] = time.monotonic() - t0
+    return result
+
+
+def print_table(res: dict) -> None:
+    print(
+        f"\ntarget held-out success {res['target_success']} (warm start "
+        f"{res['warmstart_heldout_success']:.3f}); cost = real simulator episodes"
+    )
+    print(
+        f"{'mode':14s} {'episodes to target':>26s} {'reached':>8s} {'final held-out':>22s}"
+        f" {'at budget':>10s} {'wall s':>8s}"
+    )
+    for m in res["final_heldout_success"]:
+        e, f = res["real_episodes_to_target"][m], res["final_heldout_success"][m]
+        ci = e["ci95"] or [float("nan")] * 2
+        fci = f["ci95"] or [float("nan")] * 2
+        print(
+            f"{m:14s} {e['mean']:9.0f} [{ci[0]:6.0f},{ci[1]:6.0f}] "
+            f"{res['reached_target'][m]:>5d}/{e['n']:<2d} {f['mean']:8.3f} [{fci[0]:.3f},"
+            f"{fci[1]:.3f}] {res['success_at_budget'][m]['mean']:10.3f} "
+            f"{res['wall_time_s'][m]['mean']:8.1f}"
+        )
+    print("ratio real/wmrl:", res["ratio_real_over_wmrl"])
+    print("WM diagnostics:", json.dumps(res["wm_diagnostics"]))
+
+
+def main(argv):
+    del argv
+    res = run_benchmark(
+        _WORKDIR.value,
+        _SEEDS.value,
+        _ABLATION_SEEDS.value,
+        _STEPS.value,
+        _TARGET.value,
+        _TINY.value,
+        tuple(_ABLATIONS.value),
+    )
+    print_table(res)
+    Path(_OUT.value).write_text(json.dumps(res, indent=2) + "\n")
+    print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,275 @@
+"""The embodied pipeline behind `python -m wmrl.main --config=configs/embodied_push.py`.
+
+`run(config, workdir)` does, resumably: expert demos -> behaviour cloning -> world-model
+pretraining (skipped by mode `real`, which needs no WM) -> GRPO with held-out evaluations by
+real rollouts -> summary and plots. Importable from a notebook (`colabs/embodied.ipynb`).
+
+Files in the workdir (a local folder):
+    config.json     the resolved config (a resume under another config is refused)
+    metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval")
+    summary.json    final results (its presence marks the run finished)
+    checkpoints/    step_<n>.npz (the RL state pytree) + replay_<n>.npz + meta_<n>.json
+    plots/          heldout_success.png, wm_diagnostics.png
+    init/           the stages (unless config.init_dir points elsewhere)
+
+Cost: `real_episodes` counts the RL run's simulator episodes (anchors, or every episode in
+mode `real`); evaluation episodes and the stages' episodes (expert demos, the WM's
+pretraining rollouts of the BC policy) are reported separately. `wall_time_s` counts RL steps
+only. With `env.real_episode_cost_s` > 0, `modelled_robot_time_s` adds that declared latency
+per real episode: a model of a robot, not a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+
+from wmrl.config_errors import ConfigError
+from wmrl.embodied import checkpoint as ckpt
+from wmrl.embodied import rl, rollout, stages
+from wmrl.embodied import world_model as wmodel
+from wmrl.jsonl import read_jsonl
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(saved: dict, config) -> list[str]:
+    a = _flat(saved)
+    b = _flat(json.loads(config.to_json_best_effort()))
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def check_resumable(config, workdir) -> None:
+    """A workdir holding a run with another config is refused, naming the fields."""
+    saved = Path(workdir) / "config.json"
+    if not saved.exists():
+        return
+    diff = config_differences(json.loads(saved.read_text()), config)
+    if diff:
+        raise ConfigError(
+            "config",
+            f"{workdir} holds a run with a different config (fields: {', '.join(diff)}); "
+            "resume it with the same config or choose a new --workdir",
+        )
+
+
+def evaluate(trainer: rl.Trainer, params, starts, seed: int) -> dict:
+    """Held-out success by real rollouts (fixed starts and key: every evaluation alike)."""
+    eps = trainer.real_episodes(params, starts, jax.random.PRNGKey(seed + 99))
+    p = float(eps.success.mean())
+    return {
+        "heldout_success": p,
+        "heldout_success_se": float(np.sqrt(p * (1 - p) / len(eps))),
+        "eval_episodes": len(eps),
+    }
+
+
+def latest_checkpoint(ck_dir: Path) -> int | None:
+    steps = [int(p.stem.split("_")[1]) for p in ck_dir.glob("meta_*.json")]
+    return max(steps) if steps else None
+
+
+def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> dict:
+    stages.validate_embodied_config(config)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    init = Path(config.init_dir) if config.init_dir else workdir / "init"
+    spec = stages.env_spec(config)
+    pool = rollout.EnvPool(spec)
+    train_tasks, held_tasks = stages.tasks_of(config)
+    t_stages = time.monotonic()
+    demos, demo_rep = stages.demos_stage(config, init / "demos", pool)
+    graphdef, bc_params, bc_rep = stages.bc_stage(config, init / "bc", demos)
+    st = rl.statics_from_config(config)
+    wspec = stages.wm_spec(config)
+    if st.uses_wm:
+        wm_params, wm_data, wm_rep = stages.wm_stage(
+            config, init / "wm", pool, demos, graphdef, bc_params
+        )
+    else:  # `real` needs no world model (and spends no real episodes on its data)
+        wm_params, wm_data, wm_rep = wmodel.init_wm(wspec, config.seed + 7), None, None
+    stages_s = time.monotonic() - t_stages
+
+    policy_tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.rl.learning_rate))
+    wm_tx = optax.adam(config.wm.online_learning_rate)
+    trainer = rl.Trainer(
+        st=st,
+        graphdef=graphdef,
+        ref_params=bc_params,
+        pool=pool,
+        train_tasks=train_tasks,
+        seed=config.seed * 1000 + config.rl.seed,
+        policy_tx=policy_tx,
+        wm_tx=wm_tx,
+        wm_online_steps=config.wm.online_steps,
+        wm_batch=(config.wm.batch_transitions, config.wm.batch_episodes, config.wm.unroll),
+        replay_size=config.wm.replay_size,
+    )
+    template = rl.init_rl_state(
+        st, bc_params, wm_params, policy_tx, wm_tx, config.correction.constant_window
+    )
+    eval_starts = rollout.sample_starts(
+        np.random.default_rng([config.seed, 999]), held_tasks, config.rl.eval_episodes, spec
+    )
+    ck_dir = workdir / "checkpoints"
+    metrics_path = workdir / "metrics.jsonl"
+    last = latest_checkpoint(ck_dir)
+    if last is not None:
+        state = ckpt.load_tree(ck_dir / f"step_{last}.npz", template)
+        with np.load(ck_dir / f"replay_{last}.npz") as f:
+            replay = {k: f[k] for k in f.files}
+        meta = json.loads((ck_dir / f"meta_{last}.json").read_text())
+        wall = meta["wall_time_s"]
+        records = [r for r in read_jsonl(metrics_path) if r.get("step", 0) <= last]
+    else:
+        state = template
+        replay = wm_data if wm_data is not None else {}
+        wall = 0.0
+        ev = evaluate(trainer, state["policy"], eval_starts, config.seed)
+        records = [
+            {
+                "kind": "eval",
+                "step": 0,
+                "real_episodes": 0,
+                "wm_episodes": 0,
+                "wall_time_s": 0.0,
+                **ev,
+            }
+        ]
+    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def log(rec):
+        records.append(rec)
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    steps = config.rl.steps
+    while int(state["step"]) < steps:
+        t0 = time.monotonic()
+        state, replay, m = trainer.step(state, replay)
+        jax.block_until_ready(state["policy"])
+        wall += time.monotonic() - t0
+        t = int(state["step"])
+        log({"kind": "step", **m, "wall_time_s": wall})
+        if progress:
+            print(
+                f"[{config.mode}] step {t}/{steps} real={m['real_episodes']} "
+                f"reward={m['train_reward']:.3f} anchors={m['real_success']:.3f}",
+                flush=True,
+            )
+        if t % config.rl.eval_every == 0 or t == steps:
+            ev = evaluate(trainer, state["policy"], eval_starts, config.seed)
+            log(
+                {
+                    "kind": "eval",
+                    "step": t,
+                    "real_episodes": int(state["real_episodes"]),
+                    "wm_episodes": int(state["wm_episodes"]),
+                    "wall_time_s": wall,
+                    **ev,
+                }
+            )
+            if progress:
+                print(
+                    f"[{config.mode}] eval step {t}: held-out {ev['heldout_success']:.3f}",
+                    flush=True,
+                )
+        if t % config.rl.checkpoint_every == 0 or t == steps:
+            ckpt.save_tree(ck_dir / f"step_{t}.npz", state)
+            np.savez(ck_dir / f"replay_{t}.npz", **(replay or {"none": np.zeros(0)}))
+            ckpt.write_json(ck_dir / f"meta_{t}.json", {"step": t, "wall_time_s": wall})
+            for old in ck_dir.glob("*_*.*"):  # keep the newest two checkpoints
+                n = int(old.stem.split("_")[1].split(".")[0])
+                if n < t - config.rl.checkpoint_every:
+                    old.unlink()
+    summary = make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s)
+    if write_outputs:
+        from wmrl.embodied.plots import plot_run
+
+        plot_run(workdir / "plots", records, config.target_success)
+        ckpt.write_json(workdir / "summary.json", summary)
+    return summary
+
+
+def episodes_to_target(evals: list[dict], target: float, key: str = "real_episodes"):
+    for e in evals:
+        if e["heldout_success"] >= target:
+            return e[key]
+    return None
+
+
+def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
+    evals = [r for r in records if r["kind"] == "eval"]
+    steps = [r for r in records if r["kind"] == "step"]
+    last = steps[-1] if steps else {"real_episodes": 0, "wm_episodes": 0, "wall_time_s": 0.0}
+    cost = float(config.env.real_episode_cost_s)
+    aucs = [
+        r["anchor_auc"]
+        for r in steps
+        if r.get("anchor_auc") == r.get("anchor_auc") and r.get("anchor_auc") is not None
+    ]
+    reds = [r["bias_reduction"] for r in steps if "bias_reduction" in r]
+    summary = {
+        "experiment": "embodied",
+        "mode": config.mode,
+        "observations": config.obs,
+        "steps": len(steps),
+        "warmstart_heldout_success": evals[0]["heldout_success"],
+        "final_heldout_success": evals[-1]["heldout_success"],
+        "final_heldout_success_se": evals[-1]["heldout_success_se"],
+        "best_heldout_success": max(e["heldout_success"] for e in evals),
+        "target_success": config.target_success,
+        "real_episodes": int(last["real_episodes"]),
+        "wm_episodes": int(last["wm_episodes"]),
+        "real_episodes_to_target": episodes_to_target(evals, config.target_success),
+        "wall_time_s": float(last["wall_time_s"]),
+        "wall_time_to_target_s": episodes_to_target(evals, config.target_success, "wall_time_s"),
+        "stage_real_episodes": {
+            "expert_demos": demo_rep["real_episodes"],
+            "wm_pretrain_rollouts": wm_rep["real_episodes"] if wm_rep else 0,
+        },
+        "eval_real_episodes": sum(e["eval_episodes"] for e in evals),
+        "real_episode_cost_s": cost,
+        "heldout_curve": [
+            {
+                k: e[k]
+                for k in (
+                    "step",
+                    "real_episodes",
+                    "wm_episodes",
+                    "wall_time_s",
+                    "heldout_success",
+                    "heldout_success_se",
+                )
+            }
+            for e in evals
+        ],
+        "wm_anchor_auc_mean": float(np.mean(aucs)) if aucs else None,
+        "bias_reduction_mean": float(np.mean(reds)) if reds else None,
+        "expert_success": demo_rep["expert_success"],
+        "bc": {k: v for k, v in bc_rep.items() if k != "config"},
+        "wm_pretrain": {k: v for k, v in wm_rep.items() if k != "config"} if wm_rep else None,
+        "stages_s": stages_s,
+        "cost_note": "cost = real (simulator) episodes; wall_time_s is measured simulation "
+        "time, not a robot's",
+    }
+    if cost > 0:
+        summary["modelled_robot_time_s"] = cost * summary["real_episodes"]
+        summary["cost_note"] += (
+            f"; modelled_robot_time_s = real_episodes x the declared {cost} s per episode "
+            "(env.real_episode_cost_s), a model, not a measurement"
+        )
+    return summary

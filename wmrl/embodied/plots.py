@@ -1,0 +1,47 @@
+"""Plots of one embodied run: held-out success vs real episodes, and the WM diagnostics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def plot_run(plot_dir: Path, records: list[dict], target: float) -> None:
+    plot_dir = Path(plot_dir)
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    evals = [r for r in records if r["kind"] == "eval"]
+    steps = [r for r in records if r["kind"] == "step"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.errorbar(
+        [e["real_episodes"] for e in evals],
+        [e["heldout_success"] for e in evals],
+        yerr=[e["heldout_success_se"] for e in evals],
+        marker="o",
+    )
+    ax.axhline(target, ls="--", c="grey", label="target")
+    ax.set_xlabel("real (simulator) episodes in RL")
+    ax.set_ylabel("held-out success")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot_dir / "heldout_success.png", dpi=80)
+    plt.close(fig)
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    x = [r["step"] for r in steps]
+    ax[0].plot(x, [r["real_success"] for r in steps], label="real success (anchors)")
+    if steps and "imagined_success" in steps[-1]:
+        ax[0].plot(x, [r.get("imagined_success") for r in steps], label="imagined (raw WM)")
+        ax[0].plot(x, [r.get("imagined_success_calibrated") for r in steps], label="calibrated")
+        ax[1].plot(x, [r.get("anchor_auc") for r in steps], label="within-group AUC")
+        ax[1].plot(x, [r.get("bias_reduction") for r in steps], label="bias reduction")
+    ax[0].set_xlabel("RL step")
+    ax[1].set_xlabel("RL step")
+    for a in ax:
+        if a.get_legend_handles_labels()[0]:
+            a.legend()
+    fig.tight_layout()
+    fig.savefig(plot_dir / "wm_diagnostics.png", dpi=80)
+    plt.close(fig)

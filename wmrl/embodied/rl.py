@@ -1,0 +1,416 @@
+"""GRPO post-training of the chunk policy with WMRL's correction, modes from the same code.
+
+One RL step (DESIGN.md 3, embodied):
+  1. B start states (instruction + layout) from the training tasks, G rollouts each (a group).
+  2. Route: `wmrl.core.routing.route_anchors` picks whole anchor groups (seeded by seed and
+     step). Mode `real` executes every group.
+  3. Anchor groups run in MuJoCo (real episodes, sparse success); every other group is
+     imagined by the world model with the policy in the loop (`world_model.imagine`) and never
+     steps the simulator. Anchors are also replayed through the WM: (WM score, real success)
+     pairs of the same trajectories.
+  4. WM score per episode: members fused by inverse variance (`wmrl.core.denoise.fuse_ensemble`,
+     modes denoise_only / wmrl) or averaged; calibrated by Online Debiasing
+     (`wmrl.core.debias.apply_debias`, modes debias_only / wmrl); `constant_wm` gives every WM
+     episode the recent mean real success of the anchors (the control).
+  5. `wmrl.core.grpo.group_advantages`, anchor weight `wmrl.core.denoise.anchor_weight` via
+     `wmrl.core.grpo.apply_anchor_weight`, PPO-clip token loss `wmrl.core.grpo.token_policy_loss`
+     over the action tokens with KL to the BC policy.
+  6. Feed the pairs to the estimators (`update_debias`, `update_denoise`) and fine-tune the WM
+     on the replay of real episodes.
+
+All correction maths is imported from `wmrl.core`; nothing of it is re-implemented here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from wmrl.core import debias, denoise, grpo, routing
+from wmrl.core.state import CorrectionState, init_correction_state
+from wmrl.embodied import policy as pol
+from wmrl.embodied import rollout
+from wmrl.embodied import world_model as wmodel
+
+MODE_SPECS = {
+    # (uses the WM, debias, fuse members + anchor weight, constant WM score)
+    "real": (False, False, False, False),
+    "wm_only": (True, False, False, False),
+    "debias_only": (True, True, False, False),
+    "denoise_only": (True, False, True, False),
+    "wmrl": (True, True, True, False),
+    "constant_wm": (True, False, False, True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RLStatics:
+    mode: str
+    groups: int
+    group_size: int
+    chunk: int
+    episode_len: int
+    temperature: float
+    clip_eps: float
+    kl_coef: float
+    normalize_std: bool
+    ppo_epochs: int
+    push_distance: float
+    routing: routing.RoutingConfig
+    debias: debias.DebiasConfig
+    denoise: denoise.DenoiseConfig
+
+    @property
+    def uses_wm(self):
+        return MODE_SPECS[self.mode][0]
+
+    @property
+    def debiased(self):
+        return MODE_SPECS[self.mode][1]
+
+    @property
+    def denoised(self):
+        return MODE_SPECS[self.mode][2]
+
+    @property
+    def constant(self):
+        return MODE_SPECS[self.mode][3]
+
+    @property
+    def anchor_group_count(self) -> int:
+        if not self.uses_wm:
+            return self.groups
+        return int(routing.num_anchor_groups(self.groups, self.groups, self.routing))
+
+
+def statics_from_config(config) -> RLStatics:
+    cc = config.correction
+    return RLStatics(
+        mode=config.mode,
+        groups=config.rl.groups_per_step,
+        group_size=config.rl.group_size,
+        chunk=config.policy.chunk,
+        episode_len=config.env.episode_len,
+        temperature=config.rl.temperature,
+        clip_eps=config.rl.clip_eps,
+        kl_coef=config.rl.kl_coef,
+        normalize_std=config.rl.normalize_std,
+        ppo_epochs=config.rl.ppo_epochs,
+        push_distance=config.env.push_distance,
+        routing=routing.RoutingConfig(rho=cc.rho, min_groups=cc.min_groups),
+        debias=debias.DebiasConfig(
+            mode=cc.debias if MODE_SPECS[config.mode][1] else "none",
+            num_keys=12,
+            capacity=cc.capacity,
+            num_bins=cc.num_bins,
+            min_pairs=cc.min_pairs,
+            refit_every=cc.refit_every,
+            reward_range=(0.0, 1.0),
+        ),
+        denoise=denoise.DenoiseConfig(
+            half_life=cc.denoise_half_life,
+            warmup_groups=cc.denoise_warmup_groups,
+            target=cc.denoise_target,
+            w_max=cc.denoise_w_max,
+        ),
+    )
+
+
+def init_rl_state(st: RLStatics, policy_params, wm_params, policy_tx, wm_tx, constant_window):
+    """The whole checkpointed RL state as one pytree (numpy/jax arrays only)."""
+    return {
+        "step": np.zeros((), np.int32),
+        "policy": policy_params,
+        "policy_opt": policy_tx.init(policy_params),
+        "wm": wm_params,
+        "wm_opt": wm_tx.init(wm_params),
+        "corr": init_correction_state(st.debias),
+        "real_episodes": np.zeros((), np.int64),
+        "wm_episodes": np.zeros((), np.int64),
+        # constant_wm: ring of the last anchors' real successes (NaN = empty)
+        "recent_real": np.full((constant_window,), np.nan, np.float32),
+        "recent_pos": np.zeros((), np.int32),
+    }
+
+
+def fused_score(means, log_vars, fuse: bool):
+    """[M, N] member estimates -> ([N] WM score, [N] variance)."""
+    if fuse:
+        mu, var, _ = denoise.fuse_ensemble(means, log_vars, axis=0)
+        return mu, var
+    return means.mean(0), jnp.exp(log_vars).mean(0) / means.shape[0]
+
+
+def within_group_auc(scores: np.ndarray, real: np.ndarray) -> tuple[float, int]:
+    """Mean over groups (rows) with mixed real outcomes of the AUC of WM scores vs success
+    (ties count half); returns (auc, number of such groups), NaN when none."""
+    aucs = []
+    for s, y in zip(scores, real, strict=False):
+        pos, neg = s[y > 0.5], s[y <= 0.5]
+        if len(pos) and len(neg):
+            diff = pos[:, None] - neg[None, :]
+            aucs.append(float(((diff > 0) + 0.5 * (diff == 0)).mean()))
+    return (float(np.mean(aucs)) if aucs else float("nan")), len(aucs)
+
+
+def make_policy_update(graphdef, tx, st: RLStatics):
+    """Jitted PPO epochs over one batch of episodes (real and imagined alike)."""
+
+    def loss_fn(params, ref_params, batch):
+        n, c = batch["obs"].shape[:2]
+        words = jnp.repeat(batch["words"], c, axis=0)
+        obs = batch["obs"].reshape(n * c, -1)
+        acts = batch["actions"].reshape(n * c, st.chunk)
+        logp = pol.chunk_logprobs(graphdef, params, words, obs, acts).reshape(n, -1)
+        ref = pol.chunk_logprobs(graphdef, ref_params, words, obs, acts).reshape(n, -1)
+        loss_sum, metrics = grpo.token_policy_loss(
+            logp,
+            batch["logp"],
+            ref,
+            batch["adv"],
+            jnp.ones_like(logp),
+            clip_eps=st.clip_eps,
+            kl_coef=st.kl_coef,
+        )
+        return loss_sum / logp.size, metrics
+
+    @jax.jit
+    def update(params, opt_state, ref_params, batch):
+        metrics = None
+        for _ in range(st.ppo_epochs):
+            (_, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(params, ref_params, batch)
+            upd, opt_state = tx.update(g, opt_state, params)
+            params = optax.apply_updates(params, upd)
+        return params, opt_state, grpo.reduce_metrics(metrics)
+
+    return update
+
+
+@dataclasses.dataclass
+class Trainer:
+    """The jitted pieces and the numpy driver of one RL step."""
+
+    st: RLStatics
+    graphdef: object
+    ref_params: object
+    pool: rollout.EnvPool
+    train_tasks: list
+    seed: int
+    policy_tx: object
+    wm_tx: object
+    wm_online_steps: int
+    wm_batch: tuple[int, int, int]  # windows, episodes, unroll
+    replay_size: int
+
+    def __post_init__(self):
+        self.velocities = jnp.asarray(self.pool.spec.velocities())
+        self.key = jax.random.PRNGKey(self.seed)
+        self.policy_update = make_policy_update(self.graphdef, self.policy_tx, self.st)
+        st = self.st
+        self.imagine = jax.jit(
+            lambda wm, params, words, task, obs0, key: wmodel.imagine(
+                wm,
+                self.graphdef,
+                params,
+                words,
+                task,
+                obs0,
+                key,
+                chunk=st.chunk,
+                episode_len=st.episode_len,
+                velocities=self.velocities,
+                push_distance=st.push_distance,
+                temperature=st.temperature,
+            )
+        )
+        self.replay_score = jax.jit(
+            lambda wm, obs0, actions, task: wmodel.score_finals(
+                wm, obs0, wmodel.replay(wm, obs0, actions, self.velocities), task, st.push_distance
+            )
+        )
+        self.sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
+        self.wm_step = wmodel.make_train_step(self.wm_tx, self.velocities, st.push_distance)
+
+    def real_episodes(self, params, starts, key) -> rollout.Episodes:
+        def act(words, obs, c):
+            a, lp = self.sample(
+                self.graphdef,
+                params,
+                jnp.asarray(words),
+                jnp.asarray(obs),
+                jax.random.fold_in(key, c),
+                self.st.temperature,
+            )
+            return np.asarray(a), np.asarray(lp)
+
+        return rollout.policy_rollouts(self.pool, starts, act, self.st.chunk)
+
+    def step(self, state: dict, replay: dict) -> tuple[dict, dict, dict]:
+        """One RL step. Returns (new state, replay, metrics)."""
+        st, G, B = self.st, self.st.group_size, self.st.groups
+        t = int(state["step"])
+        key = jax.random.fold_in(self.key, t)
+        k_route, k_real, k_wm = jax.random.split(key, 3)
+        rng = np.random.default_rng([self.seed, 100, t])
+        starts = rollout.sample_starts(rng, self.train_tasks, B, self.pool.spec, repeat=G)
+        timing = {}
+        t0 = time.monotonic()
+        if st.uses_wm:
+            is_anchor, _ = routing.route_anchors(k_route, B, st.routing)
+            is_anchor = np.asarray(is_anchor)
+        else:
+            is_anchor = np.ones(B, bool)
+        groups_real = np.nonzero(is_anchor)[0]
+        groups_wm = np.nonzero(~is_anchor)[0]
+        pick = lambda groups: [starts[g * G + i] for g in groups for i in range(G)]
+        params = state["policy"]
+        real = self.real_episodes(params, pick(groups_real), k_real)
+        timing["real_s"] = time.monotonic() - t0
+        A, nw = len(groups_real), len(groups_wm)
+        parts_obs = [real.obs[:, : st.episode_len : st.chunk]]
+        parts_act, parts_logp = [real.actions], [real.logp]
+        parts_words = [real.words]
+        rewards = [real.success]
+        metrics = {"step": t + 1, "real_success": float(real.success.mean())}
+        t1 = time.monotonic()
+        if st.uses_wm:
+            wm = state["wm"]
+            corr: CorrectionState = state["corr"]
+            # The anchors' WM scores: their real actions replayed open-loop from the same start.
+            a_mu, a_lv = self.replay_score(
+                wm, jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), jnp.asarray(real.task)
+            )
+            a_raw, _ = fused_score(a_mu, a_lv, st.denoised)
+            a_cal = (
+                debias.apply_debias(corr.debias, a_raw, None, st.debias) if st.debiased else a_raw
+            )
+            if nw:
+                wstarts = pick(groups_wm)
+                words = np.stack([rollout.scene.encode_instruction(s.task) for s in wstarts])
+                task = np.asarray([rollout.task_index(s.task) for s in wstarts], np.int32)
+                obs0 = np.stack([rollout.scene.make_obs(s) for s in wstarts])
+                im = self.imagine(
+                    wm, params, jnp.asarray(words), jnp.asarray(task), jnp.asarray(obs0), k_wm
+                )
+                raw, var = fused_score(im["means"], im["log_vars"], st.denoised)
+                cal = debias.apply_debias(corr.debias, raw, None, st.debias) if st.debiased else raw
+                if st.constant:
+                    recent = state["recent_real"]
+                    fill = float(np.nanmean(recent)) if np.isfinite(recent).any() else 0.0
+                    cal = jnp.full_like(cal, fill)
+                parts_obs.append(np.asarray(im["obs"]))
+                parts_act.append(np.asarray(im["actions"]))
+                parts_logp.append(np.asarray(im["logp"]))
+                parts_words.append(words)
+                rewards.append(np.asarray(cal))
+                metrics["imagined_success"] = float(np.mean(raw))
+                metrics["imagined_success_calibrated"] = float(np.mean(cal))
+                metrics["wm_variance"] = float(np.mean(var))
+            # diagnostics on the anchors (before this step's pairs are added)
+            ra, rc = np.asarray(a_raw).reshape(A, G), np.asarray(a_cal).reshape(A, G)
+            y = real.success.reshape(A, G)
+            auc, n_auc = within_group_auc(ra, y)
+            diag = debias.bias_diagnostic(
+                jnp.asarray(ra.ravel()), jnp.asarray(rc.ravel()), jnp.asarray(y.ravel()), G
+            )
+            metrics.update(
+                anchor_auc=auc,
+                anchor_auc_groups=n_auc,
+                anchor_wm_score=float(ra.mean()),
+                anchor_wm_calibrated=float(rc.mean()),
+                bias_before=float(diag["before"]) if "before" in diag else None,
+                bias_reduction=float(diag["bias_reduction"]),
+                calibrated=bool(corr.debias.monotone.fitted),
+            )
+        timing["wm_score_s"] = time.monotonic() - t1
+        # ---- advantages (groups in order: real ones first, then imagined) and update
+        t2 = time.monotonic()
+        r = jnp.asarray(np.concatenate(rewards).astype(np.float32))
+        adv = grpo.group_advantages(r, G, normalize_std=st.normalize_std)
+        anchor_groups = jnp.asarray(np.arange(A + nw) < A)
+        weight = jnp.ones(())
+        if st.uses_wm and st.denoised:
+            weight = denoise.anchor_weight(state["corr"].denoise, st.denoise)
+            adv = grpo.apply_anchor_weight(adv, G, anchor_groups, weight)
+        batch = {
+            "words": jnp.asarray(np.concatenate(parts_words)),
+            "obs": jnp.asarray(np.concatenate(parts_obs)),
+            "actions": jnp.asarray(np.concatenate(parts_act)),
+            "logp": jnp.asarray(np.concatenate(parts_logp)),
+            "adv": adv,
+        }
+        new_params, opt, pm = self.policy_update(
+            params, state["policy_opt"], self.ref_params, batch
+        )
+        timing["train_s"] = time.monotonic() - t2
+        new = {
+            **state,
+            "policy": new_params,
+            "policy_opt": opt,
+            "step": np.asarray(t + 1, np.int32),
+        }
+        new["real_episodes"] = np.asarray(int(state["real_episodes"]) + A * G, np.int64)
+        new["wm_episodes"] = np.asarray(int(state["wm_episodes"]) + nw * G, np.int64)
+        metrics.update({k: float(v) for k, v in pm.items()})
+        metrics.update(
+            anchor_weight=float(weight),
+            anchor_groups=A,
+            wm_groups=nw,
+            train_reward=float(jnp.mean(r)),
+        )
+        if st.uses_wm:
+            t3 = time.monotonic()
+            corr = state["corr"]
+            if st.debiased:
+                corr = corr.replace(
+                    debias=debias.update_debias(
+                        corr.debias,
+                        a_raw,
+                        jnp.asarray(real.success),
+                        None,
+                        jnp.ones(A * G, bool),
+                        st.debias,
+                    )
+                )
+            if st.denoised:
+                corr = corr.replace(
+                    denoise=denoise.update_denoise(
+                        corr.denoise, jnp.asarray(rc), jnp.asarray(y), st.denoise
+                    )
+                )
+            new["corr"] = corr
+            # constant_wm's running mean of real anchor success
+            ring, pos = np.array(state["recent_real"]), int(state["recent_pos"])
+            for v in real.success:
+                ring[pos % len(ring)] = v
+                pos += 1
+            new["recent_real"], new["recent_pos"] = ring, np.asarray(pos, np.int32)
+            replay = add_to_replay(replay, real, self.replay_size, st.push_distance)
+            new["wm"], new["wm_opt"], wmm = self.fine_tune_wm(
+                state["wm"], state["wm_opt"], replay, t
+            )
+            metrics.update(wmm)
+            timing["wm_train_s"] = time.monotonic() - t3
+        metrics["real_episodes"] = int(new["real_episodes"])
+        metrics["wm_episodes"] = int(new["wm_episodes"])
+        metrics.update(timing)
+        return new, replay, metrics
+
+    def fine_tune_wm(self, wm, opt, replay, t):
+        rng = np.random.default_rng([self.seed, 200, t])
+        m = jax.tree.leaves(wm)[0].shape[0]
+        out = {}
+        for _ in range(self.wm_online_steps):
+            b = wmodel.make_batch(rng, replay, m, *self.wm_batch)
+            wm, opt, out = self.wm_step(wm, opt, b)
+        return wm, opt, {f"wm_{k}": float(v) for k, v in out.items()}
+
+
+def add_to_replay(replay: dict, eps: rollout.Episodes, size: int, push_distance: float) -> dict:
+    new = wmodel.episode_data(eps.obs, eps.actions, eps.task, eps.success, push_distance)
+    return {k: np.concatenate([replay[k], new[k]])[-size:] for k in replay}

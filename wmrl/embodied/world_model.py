@@ -1,0 +1,293 @@
+"""The embodied world model: an ensemble of M members (stacked params, `jax.vmap`), each a
+learned dynamics MLP plus a progress/success head.
+
+* Dynamics: (state, action token) -> next state (the 8 moving coordinates; the blocks' start
+  positions are constant). Trained on one-step transitions of real episodes, each member on
+  its own bootstrap draw of the batch, so the members stay diverse.
+* Imagination (`imagine`): from an episode's start state, the policy acts on the imagined
+  state (the members' mean) every H actions, and every member advances its own state with
+  the shared actions. **Nothing here steps the simulator.**
+* Head: from the instruction, the start state and a member's imagined final state, a success
+  probability (mean), a log-variance and a progress estimate. Trained on the member's own
+  open-loop replay of real episodes' actions (`replay`), labelled with the real outcome, so
+  the head learns how far to trust its own dynamics.
+
+A real episode's WM score (an anchor's pair) is its action sequence replayed open-loop
+through the dynamics from the same start state and scored by the head: WM score and real
+success of the same trajectory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from wmrl.embodied import env as scene
+from wmrl.embodied import policy as pol
+
+LOGVAR_RANGE = (-5.0, 1.0)
+MAX_MOVE = 0.03  # m per action (the pusher moves at most 0.02)
+TABLE = 0.4  # |x|, |y| bound of imagined positions
+
+
+@dataclasses.dataclass(frozen=True)
+class WMSpec:
+    num_members: int = 4
+    hidden: int = 128
+    head_hidden: int = 64
+    num_actions: int = 25
+    push_distance: float = 0.10
+
+
+def _dense(key, n_in, n_out):
+    return {
+        "w": jax.random.normal(key, (n_in, n_out)) * jnp.sqrt(2.0 / n_in),
+        "b": jnp.zeros((n_out,)),
+    }
+
+
+def _mlp(params, x):
+    for layer in params[:-1]:
+        x = jax.nn.gelu(x @ layer["w"] + layer["b"])
+    return x @ params[-1]["w"] + params[-1]["b"]
+
+
+DYN_IN = 32 + 25 + 2
+HEAD_IN = 3 + 4 + 32 + 3 + 2
+
+
+def init_member(key, spec: WMSpec):
+    k = jax.random.split(key, 6)
+    h, hh = spec.hidden, spec.head_hidden
+    dyn_in = 32 + spec.num_actions + 2
+    return {
+        "dyn": [_dense(k[0], dyn_in, h), _dense(k[1], h, h), _dense(k[2], h, 8)],
+        "head": [_dense(k[3], HEAD_IN, hh), _dense(k[4], hh, hh), _dense(k[5], hh, 3)],
+    }
+
+
+def init_wm(spec: WMSpec, seed: int):
+    keys = jax.random.split(jax.random.PRNGKey(seed), spec.num_members)
+    return jax.vmap(lambda k: init_member(k, spec))(keys)
+
+
+def dyn_step(member, obs, action, velocities):
+    """One member, obs [N, 14], action [N] -> next obs [N, 14] (residual on the moving part)."""
+    feats = pol.object_features(obs).reshape(obs.shape[0], -1)
+    onehot = jax.nn.one_hot(action, velocities.shape[0])
+    x = jnp.concatenate([feats, onehot, velocities[action] * 5.0], -1)
+    # Bounded moves (at most MAX_MOVE per action) and a bounded table keep a long open-loop
+    # imagination from drifting to states the head has never seen.
+    delta = MAX_MOVE * jnp.tanh(_mlp(member["dyn"], x) / 3.0)
+    return obs.at[:, :8].set(jnp.clip(obs[:, :8] + delta, -TABLE, TABLE))
+
+
+def task_parts(task_idx):
+    """[N] task indices -> (colour [N], direction vectors [N, 2], one-hots [N, 7])."""
+    colour = task_idx // len(scene.DIRECTIONS)
+    direction = task_idx % len(scene.DIRECTIONS)
+    vecs = jnp.asarray([scene.DIRECTION_VECTORS[d] for d in scene.DIRECTIONS], jnp.float32)
+    onehot = jnp.concatenate(
+        [jax.nn.one_hot(colour, 3), jax.nn.one_hot(direction, len(scene.DIRECTIONS))], -1
+    )
+    return colour, vecs[direction], onehot
+
+
+def head_features(obs0, final, task_idx, push_distance):
+    """Instruction, start and (imagined) final state -> [N, HEAD_IN] features, among them the
+    named block's offset from its goal and how far the other blocks moved."""
+    colour, dvec, onehot = task_parts(task_idx)
+    start_blocks = obs0[:, 8:14].reshape(-1, 3, 2)
+    blocks = final[:, 2:8].reshape(-1, 3, 2)
+    sel = jax.nn.one_hot(colour, 3)[..., None]
+    goal = (start_blocks * sel).sum(1) + push_distance * dvec
+    named_off = ((blocks * sel).sum(1) - goal) * pol.OBS_SCALE
+    moved = jnp.linalg.norm(blocks - start_blocks, axis=-1) * pol.OBS_SCALE
+    others = jnp.sort(jnp.where(sel[..., 0] > 0, 0.0, moved), -1)[:, 1:]
+    feats = pol.object_features(final).reshape(final.shape[0], -1)
+    named_norm = jnp.linalg.norm(named_off, axis=-1, keepdims=True)
+    return jnp.concatenate([onehot, feats, named_off, named_norm, others], -1)
+
+
+def head(member, feats):
+    """-> (success probability [N], log-variance [N], progress [N])."""
+    out = _mlp(member["head"], feats)
+    return jax.nn.sigmoid(out[:, 0]), jnp.clip(out[:, 1], *LOGVAR_RANGE), out[:, 2], out[:, 0]
+
+
+def replay(params, obs0, actions, velocities):
+    """Every member's open-loop replay of actions [N, T] from obs0 [N, 14] -> finals [M, N, 14]."""
+
+    def member_final(member):
+        def body(obs, a):
+            return dyn_step(member, obs, a, velocities), None
+
+        final, _ = jax.lax.scan(body, obs0, actions.T)
+        return final
+
+    return jax.vmap(member_final)(params)
+
+
+def score_finals(params, obs0, finals, task_idx, push_distance):
+    """-> member means and log-variances [M, N] of success."""
+
+    def one(member, final):
+        mu, logvar, _, _ = head(member, head_features(obs0, final, task_idx, push_distance))
+        return mu, logvar
+
+    return jax.vmap(one)(params, finals)
+
+
+def imagine(
+    wm_params,
+    policy_graphdef,
+    policy_params,
+    words,
+    task_idx,
+    obs0,
+    key,
+    *,
+    chunk: int,
+    episode_len: int,
+    velocities,
+    push_distance: float,
+    temperature: float = 1.0,
+):
+    """Imagined episodes with the policy in the loop (no simulator).
+
+    Returns dict: obs [N, C, 14] (the imagined states the policy acted on, members' mean),
+    actions [N, T], logp [N, T], member means / log-variances [M, N] of success.
+    """
+    num_chunks = episode_len // chunk
+    m = jax.tree.leaves(wm_params)[0].shape[0]
+    states0 = jnp.broadcast_to(obs0, (m, *obs0.shape))
+
+    def chunk_body(states, k):
+        mean_obs = states.mean(0)
+        acts, logp = pol.sample_chunk(
+            policy_graphdef, policy_params, words, mean_obs, k, temperature
+        )
+
+        def member_roll(member, s):
+            def body(o, a):
+                return dyn_step(member, o, a, velocities), None
+
+            out, _ = jax.lax.scan(body, s, acts.T)
+            return out
+
+        states = jax.vmap(member_roll)(wm_params, states)
+        return states, (mean_obs, acts, logp)
+
+    finals, (obs, acts, logp) = jax.lax.scan(chunk_body, states0, jax.random.split(key, num_chunks))
+    mu, logvar = score_finals(wm_params, obs0, finals, task_idx, push_distance)
+    n = obs0.shape[0]
+    return {
+        "obs": obs.transpose(1, 0, 2),
+        "actions": acts.transpose(1, 0, 2).reshape(n, -1),
+        "logp": logp.transpose(1, 0, 2).reshape(n, -1),
+        "means": mu,
+        "log_vars": logvar,
+    }
+
+
+def wm_loss(params, batch, velocities, push_distance):
+    """Per-member losses; batch arrays carry a leading member axis (bootstrap draws).
+
+    dynamics: MSE of the scaled one-step delta; head: BCE on success, Gaussian NLL of the
+    log-variance around the (stopped) mean, MSE on progress, on the member's own replay.
+    """
+
+    def one(member, b):
+        # K-step unroll from a real state (K = the window's length): the loss sees the
+        # compounding error that open-loop imagination of a whole episode suffers.
+        def unroll(o, xs):
+            a, target = xs
+            o = dyn_step(member, o, a, velocities)
+            return o, jnp.mean(jnp.square((o - target)[:, :8] * pol.OBS_SCALE))
+
+        _, errs = jax.lax.scan(unroll, b["obs"], (b["action"].T, b["next_obs"].transpose(1, 0, 2)))
+        dyn = errs.mean()
+
+        def body(o, a):
+            return dyn_step(jax.lax.stop_gradient(member), o, a, velocities), None
+
+        final, _ = jax.lax.scan(body, b["ep_obs0"], b["ep_actions"].T)
+        feats = head_features(b["ep_obs0"], final, b["ep_task"], push_distance)
+        mu, logvar, progress, logit = head(member, feats)
+        y = b["ep_success"]
+        bce = jnp.mean(optax.sigmoid_binary_cross_entropy(logit, y))
+        nll = jnp.mean(0.5 * (logvar + jnp.square(y - jax.lax.stop_gradient(mu)) / jnp.exp(logvar)))
+        prog = jnp.mean(jnp.square(progress - b["ep_progress"]))
+        return dyn + bce + 0.1 * nll + 0.1 * prog, {"dyn_mse": dyn, "head_bce": bce}
+
+    losses, metrics = jax.vmap(one)(params, batch)
+    return losses.sum(), jax.tree.map(jnp.mean, metrics)
+
+
+def progress_target(obs0, final, task_idx, push_distance) -> np.ndarray:
+    """1 - |named block - goal| / |start - goal| (numpy, real episodes)."""
+    colour = task_idx // len(scene.DIRECTIONS)
+    vecs = np.asarray([scene.DIRECTION_VECTORS[d] for d in scene.DIRECTIONS], np.float32)
+    dvec = vecs[task_idx % len(scene.DIRECTIONS)]
+    n = np.arange(len(task_idx))
+    start = obs0[:, 8:14].reshape(-1, 3, 2)[n, colour]
+    end = final[:, 2:8].reshape(-1, 3, 2)[n, colour]
+    goal = start + push_distance * dvec
+    return np.clip(1 - np.linalg.norm(end - goal, axis=-1) / push_distance, -1, 1).astype(
+        np.float32
+    )
+
+
+def make_batch(
+    rng: np.random.Generator,
+    data: dict,
+    members: int,
+    transitions: int,
+    episodes: int,
+    unroll: int = 1,
+):
+    """Bootstrap draws (one per member) of `unroll`-step windows and whole episodes from
+    `data` (numpy: obs [E, T+1, 14], actions [E, T], task [E], success [E], progress [E]).
+    Windows: obs [M, n, 14] at the start, action [M, n, K], next_obs [M, n, K, 14]."""
+    n_ep, T = data["actions"].shape
+    k = min(unroll, T)
+    ei = rng.integers(0, n_ep, (members, transitions))
+    ti = rng.integers(0, T - k + 1, (members, transitions))
+    steps = ti[..., None] + np.arange(k)
+    ej = rng.integers(0, n_ep, (members, episodes))
+    return {
+        "obs": data["obs"][ei, ti],
+        "action": data["actions"][ei[..., None], steps],
+        "next_obs": data["obs"][ei[..., None], steps + 1],
+        "ep_obs0": data["obs"][ej, 0],
+        "ep_actions": data["actions"][ej],
+        "ep_task": data["task"][ej],
+        "ep_success": data["success"][ej],
+        "ep_progress": data["progress"][ej],
+    }
+
+
+def episode_data(obs, actions, task, success, push_distance) -> dict:
+    return {
+        "obs": obs,
+        "actions": actions,
+        "task": task,
+        "success": success.astype(np.float32),
+        "progress": progress_target(obs[:, 0], obs[:, -1], task, push_distance),
+    }
+
+
+def make_train_step(tx, velocities, push_distance):
+    @jax.jit
+    def step(params, opt_state, batch):
+        (loss, metrics), grads = jax.value_and_grad(wm_loss, has_aux=True)(
+            params, batch, velocities, push_distance
+        )
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
+
+    return step
