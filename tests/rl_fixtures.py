@@ -10,41 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from wmrl.rl.presets import TINY_SETTING
+
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY = {
-    "suite.tasks": ("iris-species", "heldout-gaussian-quantiles"),
-    "suite.workers": 2,
-    "data.scripts_per_task": 6,
-    "data.sft_scripts_per_task": 10,
-    "data.vocab_size": 1500,
-    "data.max_prompt_len": 112,
-    "data.max_new_tokens": 256,
-    "policy.d_model": 32,
-    "policy.num_layers": 1,
-    "policy.mlp_dim": 64,
-    "policy.head_dim": 8,
-    "policy.sft_steps": 3,
-    "policy.sft_batch_size": 4,
-    "wm.d_model": 32,
-    "wm.num_layers": 1,
-    "wm.mlp_dim": 64,
-    "wm.head_dim": 8,
-    "wm.num_members": 2,
-    "wm.pretrain_steps": 2,
-    "wm.batch_size": 4,
-    "wm.online_steps": 1,
-    "wm.replay_size": 16,
-    "rl.steps": 2,
-    "rl.tasks_per_step": 2,
-    "rl.group_size": 2,
-    "rl.eval_every": 2,
-    "rl.eval_samples": 2,
-    "rl.checkpoint_every": 1,
-    "correction.min_pairs": 2,
-    "correction.refit_every": 1,
-    "correction.denoise_warmup_groups": 1,
-}
+TINY = TINY_SETTING
 
 
 def load_config():

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.rl_fixtures import TINY
 from wmrl.benchmarks import gpu_suite
 from wmrl.tools import gpu_wheels
 from wmrl.tools import prepare_gpu_artefacts as prep
@@ -23,11 +22,6 @@ def _suite(out_dir, artefacts, *flags) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((Path(out_dir) / gpu_suite.JSON_NAME).read_text())
-
-
-def test_dry_run_settings_are_the_trainer_tests_tiny_ones():
-    """So the dry run loads the stages the test session built (`rl_shared`)."""
-    assert prep.DRY_RUN_RL == TINY
 
 
 def _dry_run(artefacts, out_dir, parts: list[str]) -> dict:

@@ -147,17 +147,19 @@ def update_adaptive_rho(
 ) -> AdaptiveRhoState:
     """Fold this step's per-group agreements [A] (NaN = undefined, skipped) into the EMA, in
     order."""
-    decay = math.pow(0.5, 1.0 / config.half_life)
     ok = ~jnp.isnan(group_corr)
-    n = ok.sum()
-    later = (jnp.cumsum(ok[::-1])[::-1] - ok).astype(jnp.float32)  # defined groups after each
+    ema, norm = _fold_ema(state.ema, state.norm, group_corr, ok, config.half_life)
+    return AdaptiveRhoState(ema=ema, norm=norm, groups=state.groups + ok.sum().astype(jnp.int32))
+
+
+def _fold_ema(ema, norm, values, ok, half_life: float):
+    """Fold `values` [N] where `ok`, in order, into an un-normalised EMA and its start-up norm
+    (the EMA of 1): value i is discounted by decay^(later folded values), as one at a time."""
+    decay = math.pow(0.5, 1.0 / half_life)
+    later = (jnp.cumsum(ok[::-1])[::-1] - ok).astype(jnp.float32)
     w = jnp.where(ok, (1 - decay) * decay**later, 0.0)
-    keep = decay ** n.astype(jnp.float32)
-    return AdaptiveRhoState(
-        ema=keep * state.ema + jnp.sum(w * jnp.where(ok, group_corr, 0.0)),
-        norm=keep * state.norm + jnp.sum(w),
-        groups=state.groups + n.astype(jnp.int32),
-    )
+    keep = decay ** ok.sum().astype(jnp.float32)
+    return keep * ema + jnp.sum(w * jnp.where(ok, values, 0.0)), keep * norm + jnp.sum(w)
 
 
 def agreement(state: AdaptiveRhoState) -> jax.Array:
@@ -196,15 +198,8 @@ def update_anchor_mean(
     state: AnchorMeanState, r_env: jax.Array, valid: jax.Array, half_life: float = 64.0
 ) -> AnchorMeanState:
     """Fold anchor rewards [N] (valid = graded and not statically fixed), in order."""
-    decay = math.pow(0.5, 1.0 / half_life)
-    ok = jnp.asarray(valid, bool)
-    later = (jnp.cumsum(ok[::-1])[::-1] - ok).astype(jnp.float32)
-    w = jnp.where(ok, (1 - decay) * decay**later, 0.0)
-    keep = decay ** ok.sum().astype(jnp.float32)
-    return state.replace(
-        ema=keep * state.ema + jnp.sum(w * jnp.where(ok, r_env, 0.0)),
-        norm=keep * state.norm + jnp.sum(w),
-    )
+    ema, norm = _fold_ema(state.ema, state.norm, r_env, jnp.asarray(valid, bool), half_life)
+    return state.replace(ema=ema, norm=norm)
 
 
 def anchor_mean(state: AnchorMeanState) -> jax.Array:

@@ -25,44 +25,14 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from wmrl.rl.presets import TINY_SETTING
+
 ROOT = Path(__file__).resolve().parents[2]
 LOGITS_NAME = "reference_logits.npz"
 ARCHIVE_NAME = "stages.tar.gz"
-# The tiny AutoResearch setting of the trainer tests (tests/rl_fixtures.py TINY; a test checks
-# they are equal, so the dry run reuses the stages the test session already built).
-DRY_RUN_RL = {
-    "suite.tasks": ("iris-species", "heldout-gaussian-quantiles"),
-    "suite.workers": 2,
-    "data.scripts_per_task": 6,
-    "data.sft_scripts_per_task": 10,
-    "data.vocab_size": 1500,
-    "data.max_prompt_len": 112,
-    "data.max_new_tokens": 256,
-    "policy.d_model": 32,
-    "policy.num_layers": 1,
-    "policy.mlp_dim": 64,
-    "policy.head_dim": 8,
-    "policy.sft_steps": 3,
-    "policy.sft_batch_size": 4,
-    "wm.d_model": 32,
-    "wm.num_layers": 1,
-    "wm.mlp_dim": 64,
-    "wm.head_dim": 8,
-    "wm.num_members": 2,
-    "wm.pretrain_steps": 2,
-    "wm.batch_size": 4,
-    "wm.online_steps": 1,
-    "wm.replay_size": 16,
-    "rl.steps": 2,
-    "rl.tasks_per_step": 2,
-    "rl.group_size": 2,
-    "rl.eval_every": 2,
-    "rl.eval_samples": 2,
-    "rl.checkpoint_every": 1,
-    "correction.min_pairs": 2,
-    "correction.refit_every": 1,
-    "correction.denoise_warmup_groups": 1,
-}
+# The dry run uses the trainer tests' tiny setting, so it reuses the stages a test session
+# already built (`rl_shared`).
+DRY_RUN_RL = TINY_SETTING
 # Tolerances of the CPU-vs-accelerator logits check, relative to the largest |logit|: bf16
 # rounding (8 bits of mantissa, accumulated over the layers); float32 allows TF32 matmuls,
 # which XLA uses on recent NVIDIA GPUs at JAX's default precision.
