@@ -171,6 +171,7 @@ def test_warmup_compiles_every_step_function(rl_shared, tmp_path):
         assert {name: f._cache_size() for name, f in fns.items()} == sizes
     finally:
         trainer.journal.close()
+        trainer.eval_journal.close()
         pool.close()
 
 
@@ -300,3 +301,46 @@ def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
     finally:
         trainer.journal.close()
         pool.close()
+
+
+class _RefusingPool:
+    """A pool that must not be asked: the evaluation's outcomes are in the journal."""
+
+    def submit(self, *args, **kwargs):
+        raise AssertionError("a journalled held-out execution was executed again")
+
+
+def test_heldout_evaluation_is_journalled_and_reused_on_resume(rl_shared, tmp_path):
+    """The held-out executions are journalled (`heldout.jsonl`) as they complete; a trainer
+    opened on the same workdir (a resumed run) evaluates the same policy at the same step
+    from the journal, executing nothing, and reports the same figures."""
+    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.rl.experiment import prepare_stages
+    from wmrl.rl.trainer import Trainer
+
+    data_dir, init_dir = rl_shared
+    config = tiny_config(data_dir, init_dir, mode="wmrl")
+    s = prepare_stages(config, tmp_path, progress=False)
+    pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s)
+    trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, tmp_path)
+    try:
+        st = trainer.initial_state(s.policy_params, s.wm_params)
+        first = trainer.evaluate(st)
+    finally:
+        trainer.journal.close()
+        trainer.eval_journal.close()
+        pool.close()
+    journal = read_jsonl(tmp_path / "heldout.jsonl")
+    n = len(s.prepared.heldout_tasks) * config.rl.eval_samples
+    assert len(journal) == n and {j["step"] for j in journal} == {0}
+    graded = [j["reward"] for j in journal if j["reward"] is not None]
+    assert first["heldout_reward"] == pytest.approx(np.mean(graded))
+    again = Trainer(config, s.prepared, s.policy, s.wm, _RefusingPool(), tmp_path)
+    try:
+        second = again.evaluate(st)
+    finally:
+        again.journal.close()
+        again.eval_journal.close()
+    for key in ("heldout_reward", "heldout_reward_se", "heldout_per_task", "heldout_ungraded"):
+        assert second[key] == first[key]
+    assert len(read_jsonl(tmp_path / "heldout.jsonl")) == n  # nothing appended

@@ -75,18 +75,21 @@ class AnchorJournal:
         self._w.close()
 
 
-def journal_path(workdir: Path, process_index: int, process_count: int) -> Path:
+def journal_path(
+    workdir: Path, process_index: int, process_count: int, kind: str = "anchors"
+) -> Path:
     """The journal a process appends to: `anchors.jsonl`, or with several processes
     `anchors.p{index}.jsonl` (each host journals the executions it ran, so no two processes
-    ever append to one file)."""
-    name = "anchors.jsonl" if process_count == 1 else f"anchors.p{process_index}.jsonl"
+    ever append to one file); `kind="heldout"`: the held-out evaluations' (`heldout.jsonl`)."""
+    name = f"{kind}.jsonl" if process_count == 1 else f"{kind}.p{process_index}.jsonl"
     return workdir / name
 
 
-def open_journal(workdir: Path) -> AnchorJournal:
-    """This process's journal, reading every journal of the workdir for reuse."""
-    path = journal_path(workdir, jax.process_index(), jax.process_count())
-    others = sorted(p for p in workdir.glob("anchors*.jsonl") if p.name != path.name)
+def open_journal(workdir: Path, kind: str = "anchors") -> AnchorJournal:
+    """This process's journal of `kind`, reading every journal of that kind in the workdir
+    for reuse."""
+    path = journal_path(workdir, jax.process_index(), jax.process_count(), kind)
+    others = sorted(p for p in workdir.glob(f"{kind}*.jsonl") if p.name != path.name)
     return AnchorJournal(path, read_also=others)
 
 
@@ -139,7 +142,9 @@ class AnchorQueue:
             if owner[k] != me:
                 continue
             hit = self.journal.lookup(step, int(row), scripts[k])
-            items[k] = hit if hit is not None else self.pool.submit(tasks[k], scripts[k])
+            # The execution's seed key: the same when a resumed run executes it again.
+            key = f"anchor/{step}/{int(row)}"
+            items[k] = hit if hit is not None else self.pool.submit(tasks[k], scripts[k], key=key)
         return Submission(step, np.asarray(rows), list(tasks), list(scripts), items)
 
     def _resolve(self, sub: Submission) -> int:

@@ -8,6 +8,8 @@ Files in the workdir:
     pairs.jsonl     the anchor pairs (raw WM score, calibrated score, real reward) per step
     anchors.jsonl   journal of every real anchor execution (survives preemption); with
                     several processes one per process, anchors.p{index}.jsonl
+    heldout.jsonl   the same for the held-out evaluations' executions (a resumed run reuses
+                    them instead of executing, and re-randomising, them again)
     summary.json    final results (its presence marks the run finished)
     checkpoints/    Orbax CheckpointManager steps
     tb/             TensorBoard event files
@@ -220,7 +222,9 @@ def run(
 
     log = _Log(workdir, write_outputs)
     ckpt = Checkpointer(workdir, config.rl.keep_checkpoints)
-    pool = make_executor(config.suite)  # suite.executor: this host's pool or one per Ray node
+    # suite.executor: this host's pool or one per Ray node; every execution seeded from the
+    # run's seed and its key (the same when a resumed run executes it again)
+    pool = make_executor(config.suite, seed=config.seed)
     trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, workdir)
     try:
         st = trainer.initial_state(policy_params, wm_params)
@@ -240,6 +244,7 @@ def run(
         st, compile_s = _train(config, trainer, st, log, ckpt, progress)
     finally:
         trainer.journal.close()
+        trainer.eval_journal.close()
         pool.close()
         ckpt.close()
         log.close()

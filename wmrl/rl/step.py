@@ -139,6 +139,19 @@ def static_outcomes(trained: list[str], anchor_idx, status, names: bool) -> np.n
     return static
 
 
+def corpus_mean_reward(executions: list[dict], static_check: bool, names: bool) -> float:
+    """The `static_anchors` control's shared reward before any anchor outcome: the mean real
+    reward of the executed training corpus's scripts that the static check (when on) does not
+    flag, like the anchor rows it is later taken from."""
+    rewards = [
+        r["reward"] for r in executions
+        if r["split"] == "train" and r.get("reward") is not None
+        and not (static_check and static_outcome(
+            r["script"].encode("utf-8", "surrogatepass"), names=names))
+    ]  # fmt: skip
+    return float(np.mean(rewards)) if rewards else 0.5
+
+
 ANCHOR_DIAGNOSTICS = (
     "bias_reduction", "residual_before", "residual_after", "wm_rank_corr", "wm_stream_corr",
     "wm_stream_collapsed_groups",

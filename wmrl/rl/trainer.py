@@ -47,7 +47,7 @@ from wmrl import distributed
 from wmrl.core.correct import correct_rewards
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import init_correction_state
-from wmrl.envs.autoresearch.grader import Status, static_outcome
+from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.grader import reward as status_reward
 from wmrl.models.sampler import SamplingConfig, generate
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
@@ -65,6 +65,7 @@ from wmrl.rl.step import (
     Scored,
     Updated,
     anchor_pairs,
+    corpus_mean_reward,
     no_exchange,
     static_outcomes,
     step_metrics,
@@ -111,6 +112,8 @@ class Trainer:
         self._policy_step = None
         self._wm_step = None
         self.journal = open_journal(workdir)
+        # Held-out executions too: a resumed run does not re-execute (re-randomise) them.
+        self.eval_journal = open_journal(workdir, "heldout")
         # Anchor rows one step behind (rl.anchor_lag): only where a WM stream scores the
         # rest; `real` executes every group and stays synchronous GRPO.
         self.anchors = AnchorQueue(self.journal, pool, tc.anchor_lag)
@@ -139,24 +142,14 @@ class Trainer:
             policy=self.policy.new_state(policy_params, self.policy.tx),
             ref_params=ref,
             wm=self.wm.new_state(wm_params, self.wm.tx),
-            correction=init_correction_state(self.tc.debias, self._corpus_mean_reward()),
+            correction=init_correction_state(
+                self.tc.debias,
+                corpus_mean_reward(self.prepared.executions, self.static_check, self.static_names),
+            ),
             replay=Replay.empty(self.tc.replay_size, self.max_len),
             pending=self.no_pending,
             rng=np.asarray(jax.random.key_data(self.key)),
         )
-
-    def _corpus_mean_reward(self) -> float:
-        """The `static_anchors` control's shared reward before any anchor outcome: the mean
-        real reward of the executed training corpus's scripts that the static check (when on)
-        does not flag, like the anchors it is later taken from."""
-        names = self.static_names
-        rewards = [
-            r["reward"] for r in self.prepared.executions
-            if r["split"] == "train" and r.get("reward") is not None
-            and not (self.static_check and static_outcome(
-                r["script"].encode("utf-8", "surrogatepass"), names=names))
-        ]  # fmt: skip
-        return float(np.mean(rewards)) if rewards else 0.5
 
     def warmup(self, st: RunState) -> float:
         """Compile every jitted function of an RL step before the RL clock starts; returns
@@ -423,12 +416,21 @@ class Trainer:
         row_tasks = [t for t in tasks for _ in range(k)]
         owner = distributed.round_robin_owners(len(scripts))
         mine = np.nonzero(owner == jax.process_index())[0]
-        futs = {i: self.pool.submit(row_tasks[i], scripts[i]) for i in mine}
         status = np.full(len(scripts), int(Status.UNGRADED), np.int32)
         reward = np.full(len(scripts), np.nan)  # float64: exactly the grader's rewards
+        futs, journal = {}, self.eval_journal
+        for i in mine:
+            hit = journal.lookup(st.step, int(i), scripts[i])
+            if hit is None:
+                futs[i] = self.pool.submit(row_tasks[i], scripts[i], key=f"eval/{st.step}/{i}")
+            else:
+                status[i] = hit["status"]
+                reward[i] = np.nan if hit["reward"] is None else hit["reward"]
         for i, fut in futs.items():
             res = fut.result()
             status[i], reward[i] = int(res.status), res.reward
+            journal.record(st.step, int(i), scripts[i], row_tasks[i].id, res.status, res.reward)
+        journal.flush()
         merged = distributed.merge_from_owners({"status": status, "reward": reward}, owner)
         return {
             "step": st.step,
