@@ -242,7 +242,7 @@ def run_bench(cmd, timeout):
 def test_cli_reuses_finished_runs_and_reports(tmp_path):
     finished_benchmark(tmp_path)
     out = tmp_path / "elsewhere" / "result.json"
-    proc = run_bench(bench_cmd(tmp_path, f"--out={out}"), timeout=120)
+    proc = run_bench(bench_cmd(tmp_path, f"--out={out}", "--modes=real,wmrl"), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reusing the finished run" in proc.stdout and "shared stages" not in proc.stdout
     data = json.loads(out.read_text())
@@ -267,7 +267,7 @@ def test_cli_reuses_finished_runs_and_reports(tmp_path):
 
 
 def test_cli_ablations_and_refused_config(tmp_path):
-    modes = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
+    modes = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors")
     finished_benchmark(tmp_path, modes)
     proc = run_bench(bench_cmd(tmp_path, "--ablations"), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -280,6 +280,8 @@ def test_cli_ablations_and_refused_config(tmp_path):
     (tmp_path / "real" / "config.json").write_text(json.dumps({"seed": 123}))
     proc = run_bench(bench_cmd(tmp_path), timeout=120)
     assert proc.returncode == 2 and "different config" in proc.stderr
+    proc = run_bench(bench_cmd(tmp_path, "--modes=real,static_anchors"), timeout=120)
+    assert proc.returncode == 2 and "--modes" in proc.stderr
 
 
 # -- end to end on the tiny setting ----------------------------------------------------------

@@ -16,9 +16,16 @@ from wmrl.rl.config import MODE_SPECS
 from wmrl.rl.state import Replay
 
 G = 3
-# Two bins over [0, 1]: centres 0.25 and 0.75. Pairs put E[r_env | bin 0] = 0 and
-# E[r_env | bin 1] = 1, so between the centres the map is f(x) = 2 * (x - 0.25).
-DEBIAS = DebiasConfig(mode="monotone", num_bins=2, min_pairs=4, refit_every=1)
+# Two bins over [0, 1]. The pairs below put the points (mean WM score, mean real reward) of
+# the bins at (0.15, 0) and (0.85, 1), so between them the fitted g(x) = (x - 0.15) / 0.7, and
+# the map blends it with the identity (min_slope 0.05): f(x) = 0.95 g(x) + 0.05 x.
+DEBIAS = DebiasConfig(mode="monotone", num_bins=2, min_pairs=4, refit_every=1, min_slope=0.05)
+
+
+def cal(x):
+    return 0.95 * (x - 0.15) / 0.7 + 0.05 * x
+
+
 DENOISE = DenoiseConfig(half_life=4.0, warmup_groups=1, target=2.0, w_max=4.0)
 
 
@@ -49,7 +56,7 @@ def numpy_grpo(r, valid):
 
 
 # Three groups; group 1 is the anchor group. WM scores of groups 0 and 2 lie between the
-# bin centres, so their calibrated values are 2 * (x - 0.25).
+# two points, so their calibrated values are cal(x).
 R_WM = np.array([0.3, 0.5, 0.7, 0.6, 0.4, 0.35, 0.45, 0.65, 0.55], np.float32)
 R_ENV = np.array([0, 0, 0, 0.2, 0.9, 0.5, 0, 0, 0], np.float32)
 ANCHOR_GROUPS = np.array([False, True, False])
@@ -69,7 +76,7 @@ def run(correction, mode, env_valid=None, static=None):
 
 def test_anchors_use_real_rewards_and_wm_groups_calibrated_scores():
     _, out, stats = run(fitted_state(), "debias_only")
-    expected = np.where(ANCHOR_ROWS, R_ENV, 2 * (R_WM - 0.25))
+    expected = np.where(ANCHOR_ROWS, R_ENV, cal(R_WM))
     np.testing.assert_allclose(out["rewards"], expected, atol=1e-6)
     np.testing.assert_allclose(out["advantages"], numpy_grpo(expected, np.ones(9, bool)), atol=1e-5)
     assert bool(stats["calibrated"])
@@ -106,7 +113,7 @@ def test_ungraded_trajectories_are_masked_not_scored_zero():
     # the other two anchors are standardised between themselves only: +1 and -1
     mask = np.ones(9, bool)
     mask[4] = False
-    expected = numpy_grpo(np.where(ANCHOR_ROWS, R_ENV, 2 * (R_WM - 0.25)), mask)
+    expected = numpy_grpo(np.where(ANCHOR_ROWS, R_ENV, cal(R_WM)), mask)
     np.testing.assert_allclose(out["advantages"], expected, atol=1e-5)
     np.testing.assert_allclose(np.asarray(out["advantages"])[[3, 5]], [-1.0, 1.0], atol=1e-4)
 
@@ -122,8 +129,8 @@ def test_anchor_weight_reaches_only_anchor_groups():
     w = float(stats["anchor_weight"])
     # by hand: the anchor group's disagreement after calibration, folded into the EMA
     real = R_ENV[3:6]
-    cal = 2 * (R_WM[3:6] - 0.25)  # the anchor group's calibrated WM scores
-    s2 = np.mean(((cal - cal.mean()) - (real - real.mean())) ** 2) / np.var(real)
+    c = cal(R_WM[3:6])  # the anchor group's calibrated WM scores
+    s2 = np.mean(((c - c.mean()) - (real - real.mean())) ** 2) / np.var(real)
     decay = 0.5 ** (1 / DENOISE.half_life)
     ema = (decay * 0.5 + (1 - decay) * s2) / (decay * 1.0 + (1 - decay))
     assert w == pytest.approx(min(max(1 + 3.0 * ema, 1.0), 4.0), rel=1e-4)

@@ -24,21 +24,11 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-from configs import embodied_push
 from wmrl.benchmarks.common import machine
 from wmrl.embodied import experiment
+from wmrl.rl.config import load_config_file
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Folder for the shared stages and the runs.")
-_SEEDS = flags.DEFINE_integer("seeds", 5, "Seeds of `real` and `wmrl`.")
-_ABLATION_SEEDS = flags.DEFINE_integer("ablation_seeds", 1, "Seeds of each ablation (0 = off).")
-_ABLATIONS = flags.DEFINE_list(
-    "ablations", "wm_only,debias_only,denoise_only,constant_wm", "Ablation modes to run."
-)
-_OUT = flags.DEFINE_string("out", None, "JSON output file.")
-_STEPS = flags.DEFINE_integer("steps", 0, "RL steps per run (0 = the config's).")
-_TARGET = flags.DEFINE_float("target", -1.0, "Held-out success target (<0 = the config's).")
-_TINY = flags.DEFINE_boolean("tiny", False, "The seconds-long tiny setting (tests).")
-flags.mark_flags_as_required(["workdir", "out"])
+CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "embodied_push.py"
 
 MAIN_MODES = ("real", "wmrl")
 ABLATIONS = ("wm_only", "debias_only", "denoise_only", "constant_wm")
@@ -80,7 +70,7 @@ def success_at_budget(curve, budget):
 
 
 def make_config(args_tiny, steps, mode, seed, init_dir, target):
-    c = embodied_push.get_config("tiny" if args_tiny else None)
+    c = load_config_file(CONFIG_FILE, "tiny" if args_tiny else None)
     c.mode = mode
     c.rl.seed = seed
     c.init_dir = str(init_dir)
@@ -227,21 +217,43 @@ def print_table(res: dict) -> None:
     print("WM diagnostics:", json.dumps(res["wm_diagnostics"]))
 
 
-def main(argv):
+def define_flags() -> dict:
+    """The command's flags, defined when it runs (importing this module from a library or a
+    test must not add flags to the process's global FLAGS: `wmrl.main` defines `workdir` too)."""
+    f = {
+        "workdir": flags.DEFINE_string("workdir", None, "Folder for the shared stages and runs."),
+        "seeds": flags.DEFINE_integer("seeds", 5, "Seeds of `real` and `wmrl`."),
+        "ablation_seeds": flags.DEFINE_integer(
+            "ablation_seeds", 1, "Seeds of each ablation (0 = off)."
+        ),
+        "ablations": flags.DEFINE_list(
+            "ablations", "wm_only,debias_only,denoise_only,constant_wm", "Ablation modes to run."
+        ),
+        "out": flags.DEFINE_string("out", None, "JSON output file."),
+        "steps": flags.DEFINE_integer("steps", 0, "RL steps per run (0 = the config's)."),
+        "target": flags.DEFINE_float("target", -1.0, "Held-out success target (<0 = config's)."),
+        "tiny": flags.DEFINE_boolean("tiny", False, "The seconds-long tiny setting (tests)."),
+    }
+    flags.mark_flags_as_required(["workdir", "out"])
+    return f
+
+
+def main(argv, f: dict):
     del argv
     res = run_benchmark(
-        _WORKDIR.value,
-        _SEEDS.value,
-        _ABLATION_SEEDS.value,
-        _STEPS.value,
-        _TARGET.value,
-        _TINY.value,
-        tuple(_ABLATIONS.value),
+        f["workdir"].value,
+        f["seeds"].value,
+        f["ablation_seeds"].value,
+        f["steps"].value,
+        f["target"].value,
+        f["tiny"].value,
+        tuple(f["ablations"].value),
     )
     print_table(res)
-    Path(_OUT.value).write_text(json.dumps(res, indent=2) + "\n")
-    print(f"wrote {_OUT.value}")
+    Path(f["out"].value).write_text(json.dumps(res, indent=2) + "\n")
+    print(f"wrote {f['out'].value}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    _flags = define_flags()
+    app.run(lambda argv: main(argv, _flags))

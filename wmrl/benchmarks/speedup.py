@@ -1,7 +1,8 @@
 """Wall-clock speedup of WMRL over standard GRPO (`real`) on Mini AutoResearch.
 
     python -m wmrl.benchmarks.speedup --workdir=DIR [--budget_s=S] [--out=FILE.json]
-        [--ablations] [--steps=N] [--config=configs/autoresearch_tiny.py --config.rl.steps=...]
+        [--ablations | --modes=real,wmrl,...] [--steps=N]
+        [--config=configs/autoresearch_tiny.py --config.rl.steps=...]
 
 Runs the shared stages once into DIR/shared (the data stage in DIR/shared/data, the warm start
 and the world-model pretraining in DIR/shared/init, unless the config names other
@@ -61,7 +62,14 @@ from wmrl.benchmarks.speedup_figures import (
     time_to_target_ratio,
     within_group_correlation,
 )  # fmt: skip
-from wmrl.benchmarks.speedup_runner import MODES, load_runs, modes_for, run_modes, shared_config
+from wmrl.benchmarks.speedup_runner import (
+    ALL_MODES,
+    MODES,
+    load_runs,
+    modes_for,
+    run_modes,
+    shared_config,
+)
 from wmrl.rl.experiment import time_to_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -312,6 +320,12 @@ def define_flags() -> dict:
         "ablations": flags.DEFINE_bool(
             "ablations", False, "Also run wm_only, debias_only, denoise_only."
         ),
+        "modes": flags.DEFINE_list(
+            "modes",
+            None,
+            "Exactly these modes (must include real and wmrl); overrides "
+            "--ablations. Default: real, wmrl, static_anchors.",
+        ),
         "steps": flags.DEFINE_integer(
             "steps", None, "RL steps per mode (default: config rl.steps; with --budget_s: none)."
         ),
@@ -329,9 +343,13 @@ def main(argv, f: dict) -> None:
             raise ConfigError("config.experiment", "the speedup benchmark needs 'autoresearch'")
         if budget is not None and budget <= 0:
             raise ConfigError("--budget_s", f"must be > 0, got {budget}")
-        result = benchmark(
-            config, workdir, modes_for(f["ablations"].value), budget, f["steps"].value, out
-        )
+        modes = tuple(f["modes"].value or modes_for(f["ablations"].value))
+        unknown = sorted(set(modes) - set(ALL_MODES))
+        if unknown or not {"real", "wmrl"} <= set(modes):
+            raise ConfigError(
+                "--modes", f"{list(modes)}: needs real and wmrl, modes of {list(ALL_MODES)}"
+            )
+        result = benchmark(config, workdir, modes, budget, f["steps"].value, out)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

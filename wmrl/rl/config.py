@@ -43,13 +43,14 @@ RESUMABLE_FIELDS = (
 )  # fmt: skip
 
 
-def load_config_file(path: str | Path):
-    """`get_config()` of a config file, loaded by path (config files are not a package)."""
+def load_config_file(path: str | Path, *args):
+    """`get_config(*args)` of a config file, loaded by path (config files are not a
+    package)."""
     path = Path(path)
     spec = importlib.util.spec_from_file_location(f"wmrl_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module.get_config(*args)
 
 
 def config_field(config, field: str):

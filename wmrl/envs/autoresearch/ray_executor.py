@@ -312,7 +312,14 @@ class RayExecutor:
                     ).remote(slots, {**pool_kwargs, "isolation": level})
                 )
             self._actors = actors  # so close() can end them if start-up fails
-            infos = ray.get([a.info.remote() for a in actors], timeout=start_timeout_s)
+            try:
+                infos = ray.get([a.info.remote() for a in actors], timeout=start_timeout_s)
+            except ray.exceptions.ActorDiedError as e:  # a node's pool refused to start
+                cause = getattr(e, "cause", None) or e
+                raise RuntimeError(
+                    f"a Ray node's sandbox pool could not start (its start-up check or "
+                    f"isolation; docs/sandbox.md): {cause}"
+                ) from e
         except BaseException:
             self._kill_actors()
             self._disconnect()
