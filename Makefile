@@ -39,7 +39,7 @@ format: setup
 	$(PY) -m ruff format .
 
 test: lint setup-test
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q --durations=25
 
 test-slow: setup-test
 	$(PY) -m pytest -m slow -q

@@ -30,8 +30,16 @@ def read_jsonl(path):
 MODES = ["real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors"]
 
 
+# The ablation modes differ from `wmrl` only in switches of the correction (each tested in
+# tests/test_core_correct.py and tests/test_rl_correction.py): their end-to-end runs are slow.
+ABLATIONS = ("wm_only", "debias_only", "denoise_only")
+
+
 @pytest.mark.parametrize(
-    "mode,lag", [(m, 1) for m in MODES] + [("wmrl", 0)], ids=[*MODES, "wmrl-lag0"]
+    "mode,lag",
+    [pytest.param(m, 1, marks=[pytest.mark.slow] if m in ABLATIONS else []) for m in MODES]
+    + [("wmrl", 0)],
+    ids=[*MODES, "wmrl-lag0"],
 )
 def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
     data_dir, init_dir = rl_shared
