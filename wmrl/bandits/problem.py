@@ -18,11 +18,15 @@ import jax.numpy as jnp
 import ml_collections
 
 from wmrl.config_errors import ConfigError
-from wmrl.core.correct import MODES
+from wmrl.core.correct import MODE_SPECS
 
-# The five modes of the shared table (`wmrl.core.correct`), then the bandit-only ablations
-# and controls (`wmrl.bandits.train.VARIANT_SPECS` says what each turns on).
-VARIANTS = (*MODES, "debias_monotone_only", "constant_bias", "cross_arm_iv")
+# The five modes of the shared table (`wmrl.core.correct`; not the `static_anchors` control,
+# which needs a static check: a bandit has none), then the bandit-only ablations and controls
+# (`wmrl.bandits.train.VARIANT_SPECS` says what each turns on).
+VARIANTS = (
+    *(m for m, spec in MODE_SPECS.items() if not spec.constant),
+    "debias_monotone_only", "constant_bias", "cross_arm_iv",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
