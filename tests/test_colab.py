@@ -10,31 +10,13 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_theory_bandits_notebook_executes(monkeypatch):
-    nb = nbformat.read(ROOT / "colabs" / "theory_bandits.ipynb", as_version=4)
+def execute_notebook(monkeypatch, name: str, workdir=None, timeout: int = 600):
+    """Run `colabs/<name>` headless on its tiny setting (WMRL_NOTEBOOK_FAST, in `workdir`);
+    check no cell errored; returns (the text of its outputs, its image outputs)."""
+    nb = nbformat.read(ROOT / "colabs" / name, as_version=4)
     monkeypatch.setenv("WMRL_NOTEBOOK_FAST", "1")
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
-    client = NotebookClient(
-        nb,
-        timeout=600,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(ROOT / "colabs")}},
-    )
-    client.execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.output_type == "error"]
-    text = " ".join(str(o.get("data", {}).get("text/plain", "")) for o in outputs)
-    assert "final_suboptimality" in text and "wmrl" in text
-    images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 2
-    assert os.path.exists(ROOT / "colabs" / "theory_bandits.ipynb")
-
-
-def execute_ablations(monkeypatch, workdir, timeout):
-    nb = nbformat.read(ROOT / "colabs" / "ablations.ipynb", as_version=4)
-    monkeypatch.setenv("WMRL_NOTEBOOK_FAST", "1")
-    monkeypatch.setenv("WMRL_NOTEBOOK_WORKDIR", str(workdir))
+    if workdir is not None:
+        monkeypatch.setenv("WMRL_NOTEBOOK_WORKDIR", str(workdir))
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     client = NotebookClient(
@@ -49,8 +31,18 @@ def execute_ablations(monkeypatch, workdir, timeout):
     text = " ".join(
         str(o.get("data", {}).get("text/plain", "")) + str(o.get("text", "")) for o in outputs
     )
-    images = [o for o in outputs if "image/png" in o.get("data", {})]
-    return text, images
+    return text, [o for o in outputs if "image/png" in o.get("data", {})]
+
+
+def test_theory_bandits_notebook_executes(monkeypatch):
+    text, images = execute_notebook(monkeypatch, "theory_bandits.ipynb")
+    assert "final_suboptimality" in text and "wmrl" in text
+    assert len(images) == 2
+    assert os.path.exists(ROOT / "colabs" / "theory_bandits.ipynb")
+
+
+def execute_ablations(monkeypatch, workdir, timeout):
+    return execute_notebook(monkeypatch, "ablations.ipynb", workdir, timeout)
 
 
 def test_ablations_notebook_on_finished_runs(monkeypatch, tmp_path):

@@ -3,33 +3,16 @@
 import os
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+
+from tests.test_colab import execute_notebook as execute_colab
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def execute_notebook(monkeypatch, workdir):
     """Run the notebook on the tiny setting in `workdir`; returns (text outputs, images)."""
-    nb = nbformat.read(ROOT / "colabs" / "embodied.ipynb", as_version=4)
-    monkeypatch.setenv("WMRL_NOTEBOOK_FAST", "1")
-    monkeypatch.setenv("WMRL_NOTEBOOK_WORKDIR", str(workdir))
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
-    client = NotebookClient(
-        nb,
-        timeout=900,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(ROOT / "colabs")}},
-    )
-    client.execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.output_type == "error"]
-    text = " ".join(
-        str(o.get("data", {}).get("text/plain", "")) + str(o.get("text", "")) for o in outputs
-    )
-    return text, [o for o in outputs if "image/png" in o.get("data", {})]
+    return execute_colab(monkeypatch, "embodied.ipynb", workdir, timeout=900)
 
 
 @pytest.mark.slow
