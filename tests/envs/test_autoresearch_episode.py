@@ -116,9 +116,10 @@ def test_test_csv_ids_are_opaque_and_rows_are_the_tasks_own(source, episode):
     assert (labels.label.to_numpy() == src_labels.loc[rows.loc[labels.id, "source_id"]]).all()
     assert os.stat(episode.root / "private").st_mode & 0o777 == 0o700
     assert episode.id == source.id and episode.reference_scores == source.reference_scores
-    assert f"- Rows: {len(text_csv(episode.public_dir / 'train.csv'))} train, 48 test" in (
-        episode.card
-    )
+    ep_train = text_csv(episode.public_dir / "train.csv")
+    assert f"- Rows: {len(ep_train)} train, 48 test" in episode.card
+    for cls, n in ep_train.label.value_counts().items():  # not the task's own train counts
+        assert f"- {cls}: {n} (" in episode.card
 
 
 def test_built_once_and_rebuilt_when_the_source_changes(source, tmp_path):

@@ -15,6 +15,11 @@ Mistakes (each a thing people really do):
     wrong_format       forgets the id column or the header          -> INVALID_SUBMISSION
     no_write           forgets to write the submission              -> NO_SUBMISSION
     too_slow           a huge model / grid search                   -> TIMEOUT on tight limits
+
+Multi-turn episodes (``write_episodes``, executed by ``multiturn_corpus``): a fix episode
+starts from one of these mistakes (``fixable_mistakes``: not too_slow) and corrects it in
+turn 2; an improve episode starts from a good script with a weak model and proposes
+stronger ones.
 """
 
 from __future__ import annotations
