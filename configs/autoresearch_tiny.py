@@ -146,6 +146,14 @@ def get_config() -> ml_collections.ConfigDict:
     # the 2 sandbox workers idle part of each step; two double the real signal for a longer
     # step (the speedup benchmark measures both; docs/results.md).
     c.correction.rho = 0.25
+    # Fidelity-driven anchor fraction (ours, DESIGN.md 3.10; off = the fixed `rho` above): the
+    # anchor fraction moves between rho_min (the WM stream ranks the anchors' scripts as
+    # their real rewards do) and rho_max (it has collapsed: every group executed, standard
+    # GRPO), from the anchors' measured within-group agreement; `rho` holds until the rule has
+    # measured 8 groups. Modes with a WM stream, not the control static_anchors.
+    c.correction.adaptive_rho = False
+    c.correction.rho_min = 0.125  # 1 of the 8 groups
+    c.correction.rho_max = 1.0
     c.correction.min_groups = 1
     c.correction.uncertainty_share = 0.5  # used when routing = uncertainty
     c.correction.min_pairs = 24  # monotone map: identity until this many anchor pairs

@@ -11,6 +11,8 @@ from wmrl.config_errors import ConfigError
 from wmrl.rl.config import config_differences, groups_per_step, validate_autoresearch_config
 from wmrl.rl.experiment import check_resumable, data_dir
 
+NAN, INF = float("nan"), float("inf")
+
 
 def test_default_config_is_valid():
     validate_autoresearch_config(load_config())
@@ -43,6 +45,54 @@ def test_bad_field_is_named(field, value, message):
     node[leaf] = value
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         validate_autoresearch_config(c)
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"correction.rho_min": 0.6, "correction.rho_max": 0.5}, "correction.rho_min"),
+        ({"correction.rho_min": -0.1}, "correction.rho_min"),
+        ({"correction.rho_max": 1.5}, "correction.rho_max"),
+        ({"correction.rho_max": NAN}, "correction.rho_max"),
+        ({"correction.adaptive_rho": True, "mode": "real"}, "correction.adaptive_rho"),
+        ({"correction.adaptive_rho": True, "mode": "static_anchors"}, "correction.adaptive_rho"),
+        ({"correction.adaptive_rho": True, "correction.rho_min": 0.5}, "correction.rho"),
+        (
+            {"correction.adaptive_rho": True, "correction.rho_min": 0.0, "correction.rho": 0.0,
+             "correction.min_groups": 0},
+            "correction.rho_min",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_adaptive_rho_is_named(changes, field):
+    c = load_config()
+    for key, value in changes.items():
+        node, (*parents, leaf) = c, key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    with pytest.raises(ConfigError, match="^" + re.escape(f"config.{field}: ")):
+        validate_autoresearch_config(c)
+
+
+def test_adaptive_rho_reaches_the_trainer_config():
+    c = load_config()
+    assert validate_autoresearch_config(c).adaptive_rho is None  # off by default
+    c.correction.adaptive_rho, c.correction.rho_min, c.correction.rho_max = True, 0.125, 0.75
+    rule = validate_autoresearch_config(c).adaptive_rho
+    assert (rule.rho, rule.rho_min, rule.rho_max) == (0.25, 0.125, 0.75)
+    for mode in ("wm_only", "debias_only", "denoise_only"):  # every mode with a WM stream
+        c.mode = mode
+        assert validate_autoresearch_config(c).adaptive_rho == rule
+
+
+def test_cli_rho_min_above_rho_max_writes_nothing(tmp_path):
+    wd = tmp_path / "wd"
+    flags = ["--config.correction.rho_min=0.6", "--config.correction.rho_max=0.5"]
+    proc = run_main(wd, flags, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "config.correction.rho_min" in proc.stderr and "Traceback" not in proc.stderr
+    assert not wd.exists()
 
 
 def test_evaluations_at_wall_clock_points():
@@ -128,9 +178,6 @@ def test_data_stage_stays_local_for_a_remote_workdir(tmp_path, monkeypatch):
     assert data_dir(c, tmp_path / "run") == tmp_path / "run" / "data"
     c.data_dir = str(tmp_path / "shared")
     assert data_dir(c, "gs://bucket/runs/x") == tmp_path / "shared"
-
-
-NAN, INF = float("nan"), float("inf")
 
 
 @pytest.mark.parametrize(

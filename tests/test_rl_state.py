@@ -102,3 +102,19 @@ def test_checkpoint_of_another_layout_is_refused_with_a_message(tmp_path):
     assert "new --workdir" in str(e.value)
     assert (tmp_path / "checkpoints" / "4").is_dir()
     assert not (tmp_path / "checkpoints_corrupt").exists()
+
+
+def test_adaptive_rho_state_round_trips_and_a_run_without_it_keeps_its_layout(tmp_path):
+    from wmrl.core.fidelity import AdaptiveRhoState
+    from wmrl.rl.checkpoint import _paths
+
+    rule = AdaptiveRhoState(ema=jnp.float32(0.3), norm=jnp.float32(0.6), groups=jnp.int32(9))
+    st = small_state().replace(adaptive_rho=rule)
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(st, seed=0)
+    back = ckpt.restore_latest(fresh_like(st))
+    ckpt.close()
+    assert_same(back, st)
+    assert int(back.adaptive_rho.groups) == 9
+    # Off (None): no array of its own, the layout checkpoints had before the rule existed.
+    assert not any(p.startswith("adaptive_rho") for p in _paths(small_state()))

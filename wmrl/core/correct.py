@@ -110,10 +110,14 @@ def correct(
         calibrated if static_mask is None else jnp.where(static_mask, static_reward, calibrated)
     )
     ok = jnp.ones(anchor_env.shape, bool) if anchor_ok is None else anchor_ok
-    put = lambda rows, groups: rows.reshape(-1, G).at[anchor_index].set(groups).reshape(-1)
+    # An index past the last group is padding (the trainer sizes `anchor_index` to the most
+    # anchor groups a step can have): nothing is written there, and it reads as ungraded.
+    put = lambda rows, groups: (
+        rows.reshape(-1, G).at[anchor_index].set(groups, mode="drop").reshape(-1)
+    )
     rewards = put(stream, anchor_env)
     valid = put(jnp.ones(stream.shape, bool), ok)
-    take = lambda x: x.reshape(-1, G)[anchor_index]
+    take = lambda x: x.reshape(-1, G).at[anchor_index].get(mode="fill", fill_value=0)
     a = {"raw": take(r_wm), "stream": take(stream), "env": anchor_env, "ok": ok}
     a["full"] = ok.all(axis=1)  # groups with every trajectory graded
     deb, den, mean = corr.debias, corr.denoise, corr.anchor_mean
@@ -152,6 +156,7 @@ def correct_rewards(
     normalize_std: bool,
     baseline: str,
     std_eps: float = 1e-6,
+    padded: bool = False,
 ):
     """The trainer's step: `correct`, then advantages and statistics (jitted per config).
 
@@ -164,12 +169,19 @@ def correct_rewards(
     the environment fixes without executing them (`rl.static_check`: a script that does not
     compile is MALFORMED) and that reward; they take it instead of a WM score, and their
     anchor pairs stay out of the monotone map (it calibrates the WM on what it scores).
+
+    padded: `anchor_index` may end in padding entries (the group count B), so that the
+    number of anchor groups can change between steps without a new shape
+    (`correction.adaptive_rho`): they are ignored like ungraded groups, the diagnostics are
+    taken over the real groups only, and `out["anchor_agreement"]` [A] is each anchor
+    group's within-group agreement of the WM stream (`fidelity.group_agreement`; NaN for
+    padding and groups that say nothing), what the adaptive rule folds in.
     """
     G = group_size
     if static_mask is None:
         static_mask = jnp.zeros_like(anchor_rows)
         static_reward = jnp.zeros_like(r_wm)
-    take = lambda x: x.reshape(-1, G)[anchor_index]
+    take = lambda x: x.reshape(-1, G).at[anchor_index].get(mode="fill", fill_value=0)
     c = correct(
         correction, r_wm, take(r_env), anchor_index, group_size=G, debias_on=spec.debias,
         denoise_on=spec.denoise, debias_cfg=debias_cfg, denoise_cfg=denoise_cfg,
@@ -180,9 +192,15 @@ def correct_rewards(
     masked = lambda x: jnp.where(full[:, None], x, 0.0).reshape(-1)
     diag = debias_lib.bias_diagnostic(masked(a["raw"]), masked(a["stream"]), masked(a["env"]), G)
     ok = a["ok"].reshape(-1)
-    rank = spearman(
-        jnp.where(ok, a["raw"].reshape(-1), 0.0), jnp.where(ok, a["env"].reshape(-1), 0.0)
-    )
+    if padded:  # over the real anchor groups only (padding would add tied zeros)
+        live = anchor_index < r_wm.shape[0] // G
+        scale = live.shape[0] / jnp.maximum(live.sum(), 1)  # the residuals average over A
+        diag = {k: v * scale if k.startswith("residual") else v for k, v in diag.items()}
+        rank = fidelity.masked_spearman(a["raw"].reshape(-1), a["env"].reshape(-1), ok)
+    else:
+        rank = spearman(
+            jnp.where(ok, a["raw"].reshape(-1), 0.0), jnp.where(ok, a["env"].reshape(-1), 0.0)
+        )
     adv = group_advantages(
         c.rewards, G, valid=c.valid, normalize_std=normalize_std, baseline=baseline, eps=std_eps
     )
@@ -214,4 +232,8 @@ def correct_rewards(
     if spec.constant:  # the control's one shared reward this step (before its own anchors)
         stats["static_anchors_reward"] = fidelity.anchor_mean(correction.anchor_mean)
     out = {"rewards": c.rewards, "valid": c.valid, "advantages": adv, "calibrated": c.calibrated}
+    if padded:
+        out["anchor_agreement"] = fidelity.group_agreement(
+            a["stream"].reshape(-1), a["env"].reshape(-1), a["learned"].reshape(-1), G
+        )
     return c.correction, out, stats

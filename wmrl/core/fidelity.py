@@ -171,7 +171,8 @@ def adaptive_rho(state: AdaptiveRhoState, config: AdaptiveRhoConfig) -> jax.Arra
     """The target anchor fraction in force."""
     t = jnp.clip((agreement(state) - config.corr_low) / (config.corr_high - config.corr_low), 0, 1)
     rho = config.rho_max - t * (config.rho_max - config.rho_min)
-    return jnp.where(state.groups >= config.warmup_groups, rho, config.rho).astype(jnp.float32)
+    ready = (state.groups >= config.warmup_groups) & (state.groups > 0)  # NaN before any
+    return jnp.where(ready, rho, config.rho).astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------- the control

@@ -34,12 +34,21 @@ class RoutingConfig:
             )
 
 
-def num_anchor_groups(num_groups: int, free_capacity: jax.Array | int, config: RoutingConfig):
+def num_anchor_groups(
+    num_groups: int, free_capacity: jax.Array | int, config: RoutingConfig, rho=None
+):
     """`min(max(round(rho * num_groups), min_groups), free_capacity, num_groups)`.
 
     `free_capacity` is in groups (free sandbox slots // group size); it may be traced.
+    `rho`: the target fraction in force when it is not `config.rho` (the fidelity-driven
+    anchor fraction, `wmrl.core.fidelity.adaptive_rho`); a Python float or traced.
+    `min_groups` stays a floor whatever the fraction.
     """
-    want = max(math.floor(config.rho * num_groups + 0.5), config.min_groups)
+    rho = config.rho if rho is None else rho
+    if isinstance(rho, jax.Array):
+        want = jnp.maximum(jnp.floor(rho * num_groups + 0.5), config.min_groups)
+    else:
+        want = max(math.floor(rho * num_groups + 0.5), config.min_groups)
     return jnp.clip(jnp.minimum(want, free_capacity), 0, num_groups).astype(jnp.int32)
 
 
@@ -66,8 +75,14 @@ def route_anchors(
     config: RoutingConfig,
     free_capacity: jax.Array | int | None = None,
     group_variance: jax.Array | None = None,
+    num_anchors: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Pick anchor groups.
+
+    The groups rank by one seeded draw (after the uncertainty share), and the first n are
+    anchors: for one key, the anchors of a smaller count are a subset of those of a larger
+    one, so a changing anchor fraction changes how many groups are anchors, never the order
+    in which they are drawn.
 
     Args:
       rng: PRNG key (routing is seeded and reproducible).
@@ -76,13 +91,18 @@ def route_anchors(
       free_capacity: groups the sandbox pool can take now (None = unlimited).
       group_variance: [num_groups] WM predictive variance per group; required when
         `uncertainty_share > 0`.
+      num_anchors: the count to pick instead of the config's (e.g. `num_anchor_groups` at the
+        adaptive fraction in force), still capped by `free_capacity` and `num_groups`.
 
     Returns:
       (is_anchor [num_groups] bool, picked_by [num_groups] int32 in {NOT_ANCHOR, UNIFORM,
       UNCERTAINTY}).
     """
     cap = num_groups if free_capacity is None else free_capacity
-    n = num_anchor_groups(num_groups, cap, config)
+    if num_anchors is None:
+        n = num_anchor_groups(num_groups, cap, config)
+    else:
+        n = jnp.clip(jnp.minimum(num_anchors, cap), 0, num_groups).astype(jnp.int32)
     if config.uncertainty_share > 0:
         if group_variance is None:
             raise ValueError("routing.uncertainty_share > 0 needs the groups' WM variance")

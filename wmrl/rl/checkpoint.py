@@ -28,6 +28,7 @@ identical on every process. A restore that fails on any process falls back on al
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -95,7 +96,8 @@ class Checkpointer:
                 out = self.manager.restore(
                     step,
                     args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                        state=ocp.args.StandardRestore(self._target(step, abstract)),
+                        meta=ocp.args.JsonRestore(),
                     ),
                 )
             except Exception as e:  # any failure means: use the previous one
@@ -115,12 +117,30 @@ class Checkpointer:
                 print(f"warning: {msg}", flush=True)
                 continue
             st, meta = out["state"], out["meta"]
+            if isinstance(st, dict):  # restored by field (see `_target`)
+                st = like.replace(**st)
             host = lambda tree: jax.tree.map(np.asarray, tree)  # host-side parts as numpy
             return st.replace(
                 replay=host(st.replay), pending=host(st.pending), rng=np.asarray(st.rng),
                 **{k: meta[k] for k in like.counters()},
             )  # fmt: skip
         return None
+
+    def _target(self, step: int, abstract: RunState):
+        """The restore target: `abstract`, or, for a checkpoint written before
+        `RunState.adaptive_rho` existed (no such entry; the rule is off in this run, its
+        template None), its other fields by name (Orbax refuses a template entry the
+        checkpoint does not have, even an empty one)."""
+        if abstract.adaptive_rho is not None:
+            return abstract
+        try:
+            meta = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
+            if "adaptive_rho" in meta.tree:
+                return abstract
+        except Exception:  # unreadable metadata: a corrupt checkpoint, handled by restore
+            return abstract
+        return {f.name: getattr(abstract, f.name) for f in dataclasses.fields(abstract)
+                if f.metadata.get("pytree_node", True) and f.name != "adaptive_rho"}  # fmt: skip
 
     def _check_layout(self, step: int, like: RunState) -> None:
         """Refuse a checkpoint whose arrays are not those of `like` (by name)."""

@@ -23,7 +23,8 @@ from wmrl.config_errors import ConfigError
 from wmrl.core.correct import MODE_SPECS, MODES, ModeSpec
 from wmrl.core.debias import DebiasConfig
 from wmrl.core.denoise import DenoiseConfig
-from wmrl.core.routing import RoutingConfig
+from wmrl.core.fidelity import AdaptiveRhoConfig
+from wmrl.core.routing import RoutingConfig, num_anchor_groups
 
 ROUTINGS = ("uniform", "uncertainty")
 # rl.static_check: which outcomes the WM stream takes from a static check instead of the WM
@@ -129,6 +130,7 @@ def validate_autoresearch_config(config) -> TrainerConfig:
     check_schema(config)
     _check_fields(config)
     _check_numbers(config)
+    _check_adaptive_rho(config)
     _check_suite(config)
     from wmrl.rl import pretrained
 
@@ -184,6 +186,56 @@ def _check_numbers(config) -> None:
             f"config.suite.workers={config.suite.workers} is above the {cores} CPU cores of "
             "this machine: the sandboxes will share cores and every execution will run slower",
             stacklevel=3,
+        )
+
+
+def _check_adaptive_rho(config) -> None:
+    """`correction.adaptive_rho`, `rho_min`, `rho_max` (DESIGN.md 3.10): fractions in [0, 1],
+    `rho_min <= rho_max` (checked whether or not the rule is on), and the rule only where a
+    WM stream is measured and may be thinned."""
+    c = config.correction
+    for field in ("correction.rho_min", "correction.rho_max"):
+        v = config_field(config, field)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
+            raise ConfigError(f"config.{field}", f"must be an anchor fraction in [0, 1], got {v!r}")
+    if c.rho_min > c.rho_max:
+        raise ConfigError(
+            "config.correction.rho_min",
+            f"({c.rho_min!r}) must be <= config.correction.rho_max ({c.rho_max!r})",
+        )
+    if not isinstance(c.adaptive_rho, bool):
+        raise ConfigError(
+            "config.correction.adaptive_rho", f"must be True or False, got {c.adaptive_rho!r}"
+        )
+    if not c.adaptive_rho:
+        return
+    spec = MODE_SPECS[config.mode]
+    if not spec.uses_wm:
+        raise ConfigError(
+            "config.correction.adaptive_rho",
+            f"mode {config.mode!r} has no WM stream to measure (it executes every group); "
+            "use a mode with a world model or adaptive_rho=False",
+        )
+    if spec.constant:
+        raise ConfigError(
+            "config.correction.adaptive_rho",
+            f"the control {config.mode!r} keeps a fixed anchor fraction (correction.rho): it "
+            "is the plain verifiers + anchors baseline; use adaptive_rho=False",
+        )
+    if not c.rho_min <= c.rho <= c.rho_max:
+        raise ConfigError(
+            "config.correction.rho",
+            f"({c.rho!r}) is the anchor fraction before the adaptive rule has measured the WM; "
+            f"with adaptive_rho it must lie in [correction.rho_min, correction.rho_max] = "
+            f"[{c.rho_min!r}, {c.rho_max!r}]",
+        )
+    n = groups_per_step(config)
+    if max(math.floor(c.rho_min * n + 0.5), c.min_groups) < 1:
+        raise ConfigError(
+            "config.correction.rho_min",
+            f"({c.rho_min!r}) with correction.min_groups=0 gives steps with no anchor group out "
+            f"of {n}: the adaptive rule could never measure the WM again; raise it or "
+            "min_groups",
         )
 
 
@@ -292,6 +344,25 @@ def routing_config(config) -> RoutingConfig:
     return RoutingConfig(rho=c.rho, min_groups=min_groups, uncertainty_share=share)
 
 
+def adaptive_rho_config(config) -> AdaptiveRhoConfig | None:
+    """The fidelity-driven anchor fraction's rule (`correction.adaptive_rho`), None when off.
+    Its agreement levels, half-life and warm-up are `AdaptiveRhoConfig`'s."""
+    c = config.correction
+    if not c.adaptive_rho or config.mode == "real":
+        return None
+    return AdaptiveRhoConfig(rho=c.rho, rho_min=c.rho_min, rho_max=c.rho_max)
+
+
+def max_anchor_groups(tc: TrainerConfig) -> int:
+    """The most anchor groups a step can have: at the fixed `rho`, or at `rho_max` under the
+    adaptive rule (what the static shapes of the pending anchors and of the jitted
+    correction are sized to)."""
+    routing = tc.routing
+    if tc.adaptive_rho is not None:
+        routing = dataclasses.replace(routing, rho=tc.adaptive_rho.rho_max)
+    return int(num_anchor_groups(tc.groups, tc.groups, routing))
+
+
 def debias_config(config) -> DebiasConfig:
     c = config.correction
     return DebiasConfig(
@@ -345,6 +416,8 @@ class TrainerConfig:
     routing: RoutingConfig
     debias: DebiasConfig
     denoise: DenoiseConfig
+    # The fidelity-driven anchor fraction (`correction.adaptive_rho`); None = `routing.rho`.
+    adaptive_rho: AdaptiveRhoConfig | None = None
 
 
 def trainer_config(config) -> TrainerConfig:
@@ -361,7 +434,7 @@ def trainer_config(config) -> TrainerConfig:
         wm_learning_rate=wm.online_learning_rate, wm_online_steps=wm.online_steps,
         wm_batch_size=wm.batch_size, wm_members=wm.num_members, replay_size=wm.replay_size,
         routing=routing_config(config), debias=debias_config(config),
-        denoise=denoise_config(config),
+        denoise=denoise_config(config), adaptive_rho=adaptive_rho_config(config),
     )  # fmt: skip
 
 

@@ -9,7 +9,8 @@ checkpoint's JSON meta (`wmrl.rl.checkpoint`), readable without restoring any ar
 
 The on-disk layout (`policy`, `ref_params`, `wm`, `correction`, `replay`, `pending`, `rng`
 and the array names inside `replay` and `pending`) is the one checkpoints had before these
-types were pytrees, so such workdirs resume unchanged.
+types were pytrees, so such workdirs resume unchanged. `adaptive_rho` (the fidelity-driven
+anchor fraction's state) is there only in runs with `correction.adaptive_rho`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import dataclasses
 import numpy as np
 from flax import struct
 
+from wmrl.core.fidelity import AdaptiveRhoState
 from wmrl.core.state import CorrectionState
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.models.train_steps import TrainState
@@ -69,6 +71,9 @@ class Replay:
                                               "valid")}  # fmt: skip
 
 
+PENDING_ROW_ARRAYS = ("rows", *TOKEN_ARRAYS, "ref_logp", "r_wm")  # Pending's per-row arrays
+
+
 @struct.dataclass
 class Pending:
     """The anchor rows of step `step` (0-based), submitted for execution and not yet trained
@@ -91,6 +96,28 @@ class Pending:
     def valid(self) -> bool:
         return int(self.step) >= 0
 
+    def live(self) -> Pending:
+        """Without the padding rows (`rows == -1`): a record is sized to the most anchor rows
+        a step can have (`correction.adaptive_rho` changes how many a step has)."""
+        keep = np.asarray(self.rows) >= 0
+        if not self.valid or keep.all():
+            return self
+        cut = lambda a: np.asarray(a)[keep]
+        return self.replace(**{k: cut(getattr(self, k)) for k in PENDING_ROW_ARRAYS})
+
+    def padded(self, n: int) -> Pending:
+        """These rows followed by padding rows (`rows == -1`, zeros) up to `n` rows."""
+        extra = n - len(self.rows)
+        if extra <= 0:
+            return self
+
+        def pad(name):
+            a = np.asarray(getattr(self, name))
+            fill = -1 if name == "rows" else 0
+            return np.concatenate([a, np.full((extra, *a.shape[1:]), fill, a.dtype)])
+
+        return self.replace(**{k: pad(k) for k in PENDING_ROW_ARRAYS})
+
     @classmethod
     def empty(cls, n: int, width: int) -> Pending:
         f = lambda dtype: np.zeros((n, width), dtype)
@@ -112,6 +139,10 @@ class RunState:
     # step generates; that step trains on them. `pending.valid` is False when none are.
     pending: Pending
     rng: np.ndarray  # key data of the run's base key (jax.random.key_data)
+    # The fidelity-driven anchor fraction's EMA of the WM stream's measured within-group
+    # agreement (`correction.adaptive_rho`); None when the rule is off, so such a run keeps
+    # the checkpoint layout it always had (and checkpoints written before it resume).
+    adaptive_rho: AdaptiveRhoState | None = None
     step: int = struct.field(pytree_node=False, default=0)
     wall_time_s: float = struct.field(pytree_node=False, default=0.0)
     real_executions: int = struct.field(pytree_node=False, default=0)

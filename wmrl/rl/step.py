@@ -35,13 +35,19 @@ class Sampled(NamedTuple):
 
 
 class Routed(NamedTuple):
-    """route: which whole groups are anchors (executed for real)."""
+    """route: which whole groups are anchors (executed for real), and where the anchor
+    outcomes this step trains on go (the anchor positions). They are the same groups but
+    under `correction.adaptive_rho` with `rl.anchor_lag`, where the previous step's count
+    (its outcomes, trained on now) can differ from this step's (executing now): the
+    positions are then the first ones of this step's draw in that count."""
 
-    is_anchor: np.ndarray  # [B] bool
-    picked_by: np.ndarray  # [B] the rule that picked each anchor (2 = uncertainty)
+    is_anchor: np.ndarray  # [B] bool: the anchor positions
+    picked_by: np.ndarray  # [B] the rule that picked each executed anchor (2 = uncertainty)
     anchor_rows: np.ndarray  # [N] bool
-    anchor_idx: np.ndarray  # [A*G] indices of the anchor rows
+    anchor_idx: np.ndarray  # [A*G] indices of the anchor positions' rows
     wm_out: dict | None  # WM outputs when uncertainty routing needed them first
+    submit_idx: np.ndarray  # [A'*G] indices of the rows executed (submitted) this step
+    rho: float  # the target anchor fraction in force
 
 
 class Scored(NamedTuple):
@@ -180,7 +186,7 @@ def step_metrics(
 ) -> dict:
     """The step's record in metrics.jsonl (without the run's counters); `rho` is the target
     anchor fraction in force (`anchor_fraction` the realised one)."""
-    n_rows, n_anchor = len(s.scripts), len(r.anchor_idx)
+    n_rows, n_anchor = len(s.scripts), len(r.submit_idx)
     counts = Counter(Status(int(v)).name for v in x.status[r.anchor_idx] if x.collected)
     wm_rows = ~r.anchor_rows
     metrics = {

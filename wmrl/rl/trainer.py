@@ -4,7 +4,9 @@ One step (DESIGN.md section 3), for B training tasks x G scripts:
 
 1. **Generate** G scripts per task with the jitted sampler (tokens + policy log-probs).
 2. **Route** whole groups to real execution: `real` executes every group; the other modes
-   pick `rho` of the groups (at least `min_groups`), uniformly or partly by WM variance.
+   pick `rho` of the groups (at least `min_groups`), uniformly or partly by WM variance;
+   with `correction.adaptive_rho` the rho in force follows the WM stream's within-group
+   agreement measured on the anchors (`wmrl.core.fidelity`, DESIGN.md 3.10).
 3. **Score**: the anchor scripts go to the sandbox pool first, then, while they execute,
    the WM scores every trajectory and the reference policy's log-probs are computed.
 4. **Debias** (monotone map fitted on anchor pairs) and **denoise** (anchor weight from the
@@ -44,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wmrl import distributed
+from wmrl.core import fidelity
 from wmrl.core.correct import correct_rewards
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import init_correction_state
@@ -122,15 +125,25 @@ class Trainer:
         # also RUNTIME_ERROR's ("names"), instead of a WM score.
         self.static_check = tc.static_check != "off"
         self.static_names = tc.static_check == "names"
-        self.num_anchor_rows = int(num_anchor_groups(self.B, self.B, self.routing)) * self.G
+        # The fidelity-driven anchor fraction (`correction.adaptive_rho`, None = fixed rho):
+        # the count of anchor groups changes between steps, so the pending anchors and the
+        # anchor groups of the jitted correction are sized to the most a step can have (at
+        # rho_max) and padded: no step compiles anything new.
+        self.rule = tc.adaptive_rho
+        self.max_anchor_groups = rlconfig.max_anchor_groups(tc)
+        self.num_anchor_rows = self.max_anchor_groups * self.G
         self.no_pending = Pending.empty(max(self.num_anchor_rows, 1), self.max_len)
         self._correct = jax.jit(
             functools.partial(
                 correct_rewards, group_size=self.G, spec=self.spec, debias_cfg=tc.debias,
                 denoise_cfg=tc.denoise, normalize_std=tc.normalize_std, baseline=tc.baseline,
-                std_eps=tc.std_eps,
+                std_eps=tc.std_eps, padded=self.rule is not None,
             )
         )  # fmt: skip
+        if self.rule is not None:
+            self._rho_update = jax.jit(
+                functools.partial(fidelity.update_adaptive_rho, config=self.rule)
+            )
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -149,6 +162,7 @@ class Trainer:
             replay=Replay.empty(self.tc.replay_size, self.max_len),
             pending=self.no_pending,
             rng=np.asarray(jax.random.key_data(self.key)),
+            adaptive_rho=None if self.rule is None else fidelity.init_adaptive_rho(),
         )
 
     def warmup(self, st: RunState) -> float:
@@ -169,6 +183,7 @@ class Trainer:
         scored = self._score(st, sampled, routed, clock)
         exchanged = no_exchange(sampled, scored, self.no_pending)
         corrected = self._correct_phase(st, routed, sampled, exchanged)
+        self._next_rule_state(st, corrected)  # the adaptive rule's update (when on)
         copy = lambda tree: jax.tree.map(jnp.copy, tree)
         # One filled replay row, so that the WM's online step runs (and compiles) too.
         replay = Replay.empty(self.tc.wm_batch_size, self.max_len).replace(count=np.int64(1))
@@ -232,24 +247,25 @@ class Trainer:
             submission = self._submit(sampled, routed)
             scored = self._score(st, sampled, routed, clock)  # while the anchors execute
             exchanged = self._exchange(st, sampled, routed, scored, submission, clock)
-        if not self.anchors.lag or not len(routed.anchor_idx):
+        if not self.anchors.lag or not len(routed.submit_idx):
             clock.seconds["anchor_wait_s"] = clock.seconds["execute_s"]
         with clock("train_s"):
             corrected = self._correct_phase(st, routed, sampled, exchanged)
             updated = self._update(st, routed, exchanged, corrected)
         metrics = step_metrics(
             sampled, routed, exchanged, corrected, updated, self.spec.uses_wm, clock.seconds,
-            rho=self.routing.rho,
+            rho=routed.rho,
         )  # fmt: skip
         # The slowest process's step time, so every process stops at the same step when a
         # wall-clock budget runs out.
         wall = float(distributed.allgather_host(np.float64(clock.elapsed())).max())
-        n_anchor, n_rows = len(routed.anchor_idx), len(sampled.scripts)
+        n_anchor, n_rows = len(routed.submit_idx), len(sampled.scripts)
         new_state = dataclasses.replace(
             st, step=st.step + 1, policy=updated.policy, wm=updated.wm,
             correction=corrected.correction, replay=updated.replay, pending=exchanged.pending,
             wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_anchor,
             wm_calls=st.wm_calls + (n_rows if self.spec.uses_wm else 0),
+            adaptive_rho=self._next_rule_state(st, corrected),
         )  # fmt: skip
         metrics["wall_time_s"] = new_state.wall_time_s
         metrics["real_executions"] = new_state.real_executions
@@ -264,21 +280,58 @@ class Trainer:
 
     def _route(self, st: RunState, s: Sampled, key, clock: PhaseClock) -> Routed:
         """route: the anchor groups (`wmrl.core.routing`); uncertainty routing scores the WM
-        first, for its predictive variance."""
+        first, for its predictive variance.
+
+        Which groups are anchors is a deterministic function of (seed, step, rho in force):
+        the sandbox pool's capacity only decides when they run (the pool queues what it
+        cannot start yet), never which they are. Under `correction.adaptive_rho` the rho in
+        force comes from the rule's state as the previous step left it, i.e. from anchor
+        outcomes already collected: with `rl.anchor_lag = 1` the outcomes of the anchors of
+        step t-2 and before, trained on at step t-1 (step t-1's own are still executing).
+        """
         B, G = self.B, self.G
         wm_out, group_var = None, None
         if self.spec.uses_wm and self.routing.uncertainty_share > 0:
             with clock("wm_score_s"):
                 wm_out = self._wm_scores(st.wm.params, s.rows)
             group_var = jnp.asarray(wm_out["predictive_var"].reshape(B, G).mean(axis=1))
-        is_anchor, picked_by = route_anchors(key, B, self.routing, None, group_var)
-        is_anchor = np.asarray(is_anchor)
-        anchor_rows = np.repeat(is_anchor, G)
-        return Routed(is_anchor, picked_by, anchor_rows, np.nonzero(anchor_rows)[0], wm_out)
+        rho = self.rho_in_force(st)
+        n = int(num_anchor_groups(B, B, self.routing, rho=rho))
+        pick = lambda n: route_anchors(key, B, self.routing, None, group_var, num_anchors=n)
+        executed, picked_by = pick(n)
+        executed = np.asarray(executed)
+        # With the lag, this step trains on the previous step's anchors: as many groups as
+        # that step executed, put in the first positions of this step's draw in that count
+        # (the draw is nested: a subset or superset of this step's anchors). Without the
+        # adaptive rule the two counts are equal and the positions are this step's anchors.
+        placed = executed
+        prev = st.pending.live()
+        if self.anchors.lag and prev.valid and len(prev.rows) != n * G:
+            placed = np.asarray(pick(len(prev.rows) // G)[0])
+        anchor_rows = np.repeat(placed, G)
+        submit_idx = np.nonzero(np.repeat(executed, G))[0]
+        return Routed(
+            placed, picked_by, anchor_rows, np.nonzero(anchor_rows)[0], wm_out, submit_idx, rho
+        )
+
+    def rho_in_force(self, st: RunState) -> float:
+        """The target anchor fraction of the step `st` starts: `correction.rho`, or under
+        `correction.adaptive_rho` the rule's (`fidelity.adaptive_rho`) on its state."""
+        if self.rule is None:
+            return self.routing.rho
+        return float(fidelity.adaptive_rho(st.adaptive_rho, self.rule))
+
+    def _next_rule_state(self, st: RunState, c: Corrected):
+        """The adaptive rule's state with this step's anchor groups folded in: each group's
+        within-group agreement of the WM stream with the real rewards (learned rows; a
+        collapsed group counts as no agreement; groups that say nothing are skipped)."""
+        if self.rule is None:
+            return st.adaptive_rho
+        return self._rho_update(st.adaptive_rho, c.out["anchor_agreement"])
 
     def _submit(self, s: Sampled, r: Routed) -> Submission:
         """The anchor scripts go to the sandbox pool (journal hits reused)."""
-        idx = r.anchor_idx
+        idx = r.submit_idx
         tasks, scripts = [s.row_tasks[i] for i in idx], [s.scripts[i] for i in idx]
         return self.anchors.submit(s.step, idx, tasks, scripts)
 
@@ -302,19 +355,22 @@ class Trainer:
         """exchange anchors: collect the outcomes this step trains on (`AnchorQueue.exchange`)
         and, with the lag, splice the previous step's anchor rows into the anchor positions
         and keep this step's as the new `Pending`."""
-        idx, prev = r.anchor_idx, st.pending
+        idx, prev, ex = r.anchor_idx, st.pending.live(), r.submit_idx
         x = no_exchange(s, sc, self.no_pending)
-        if self.anchors.lag and len(idx):
+        if self.anchors.lag and len(ex):
             x = x._replace(pending=Pending(
-                step=np.int64(s.step), rows=idx.astype(np.int64), ref_logp=sc.ref_logp[idx],
-                r_wm=np.asarray(sc.r_wm, np.float32)[idx],
-                **{k: s.rows[k][idx] for k in TOKEN_ARRAYS},
-            ))  # fmt: skip
+                step=np.int64(s.step), rows=ex.astype(np.int64), ref_logp=sc.ref_logp[ex],
+                r_wm=np.asarray(sc.r_wm, np.float32)[ex],
+                **{k: s.rows[k][ex] for k in TOKEN_ARRAYS},
+            ).padded(self.num_anchor_rows))  # fmt: skip
         with clock("anchor_wait_s"):
             got = self.anchors.exchange(sub, prev, self._describe)
         if got is None:  # nothing executed yet: these positions train on nothing
             s.rows["loss_mask"][idx] = 0.0
             return x
+        # Rows executing now outside the positions (adaptive rho grew the count under the
+        # lag): trained on next step with their real outcomes, not now.
+        s.rows["loss_mask"][np.setdiff1d(ex, idx)] = 0.0
         x.r_env[idx], x.status[idx] = got.r_env, got.status
         x = x._replace(collected=len(idx), new_executions=got.new)
         if got.step != s.step:  # the previous step's rows, spliced in
@@ -341,11 +397,13 @@ class Trainer:
                 trained[i] = text
             static = static_outcomes(trained, idx, x.status, self.static_names)
         static_reward = np.array([status_reward(v) if v >= 0 else 0.0 for v in static], np.float32)
+        groups = np.nonzero(r.is_anchor)[0]
+        if self.rule is not None:  # a static count: padded with B (ignored) to the most
+            groups = np.concatenate([groups, np.full(self.max_anchor_groups - len(groups), self.B)])
         correction, out, stats = self._correct(
             st.correction, jnp.asarray(x.r_wm), jnp.asarray(x.r_env), jnp.asarray(env_valid),
-            jnp.asarray(r.anchor_rows), jnp.asarray(r.is_anchor),
-            jnp.asarray(np.nonzero(r.is_anchor)[0]), jnp.asarray(static >= 0),
-            jnp.asarray(static_reward),
+            jnp.asarray(r.anchor_rows), jnp.asarray(r.is_anchor), jnp.asarray(groups),
+            jnp.asarray(static >= 0), jnp.asarray(static_reward),
         )  # fmt: skip
         return Corrected(correction, out, stats, static, env_valid)
 
