@@ -35,6 +35,7 @@ from pathlib import Path
 
 from wmrl.envs.autoresearch import cgroups, linux, sandbox
 from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
+from wmrl.envs.autoresearch.observation import error_type_of
 from wmrl.envs.autoresearch.sandbox import Limits
 from wmrl.envs.autoresearch.task import Task
 
@@ -56,6 +57,8 @@ class ExecutionResult:
     isolation: str
     detail: str = ""
     attempts: int = 1
+    validation: float | None = None  # the raw metric on an episode task's validation rows
+    error_type: str = "none"  # a RUNTIME_ERROR's exception class (observation.ERROR_TYPES)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -551,7 +554,7 @@ class SandboxPool:
         cpu_limit = int(limits.time_limit_s) + 1
         cpu_hit = raw.get("cpu_s") is not None and raw["cpu_s"] >= cpu_limit - 0.05
         sig = raw.get("signal")
-        detail = ""
+        detail, validation = "", None
         if raw.get("oom_killed"):
             status, score, pct = Status.RUNTIME_ERROR, None, None
             detail = "memory limit (a process was OOM-killed in the job cgroup)"
@@ -569,11 +572,12 @@ class SandboxPool:
             elif grade is None:
                 status, score, pct, detail = Status.NO_SUBMISSION, None, None, "no submission"
             else:
-                status, score, pct, detail = (
+                status, score, pct, detail, validation = (
                     grade.status,
                     grade.score,
                     grade.percentile,
                     grade.detail,
+                    grade.validation,
                 )
         return ExecutionResult(
             task_id=task.id,
@@ -586,4 +590,8 @@ class SandboxPool:
             stderr_tail=raw["stderr_tail"][-TAIL_CHARS:],
             isolation=raw["isolation"],
             detail=detail,
+            validation=validation,
+            error_type=error_type_of(
+                raw["stderr_tail"], status, oom_killed=bool(raw.get("oom_killed"))
+            ),
         )
