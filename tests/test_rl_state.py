@@ -2,6 +2,8 @@
 layout of the dict-based trainer (before RunState was a pytree) resumes into it unchanged,
 and a checkpoint of another layout is refused with a message, never restarted silently."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,3 +168,19 @@ def test_checkpoint_missing_an_array_that_is_not_new_is_still_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"missing: replay/target"):
         ckpt.restore_latest(fresh_like(st))
     ckpt.close()
+
+
+def test_a_saved_config_without_the_new_wm_fields_compares_as_their_legacy_values():
+    """A run (or stage) saved before `wm.runtime_coef` & co. existed did what those fields at
+    0 do: it resumes with them at 0, and differs (named) from a config that turns one on."""
+    from tests.rl_fixtures import load_config
+    from wmrl.rl.config import config_differences
+
+    config = load_config()
+    saved = json.loads(config.to_json_best_effort())
+    for k in ("runtime_coef", "error_type_coef", "validation_coef"):
+        del saved["wm"][k]
+    config.wm.runtime_coef = 0.0
+    assert config_differences(saved, config) == []
+    config.wm.runtime_coef = 0.5
+    assert config_differences(saved, config) == ["wm.runtime_coef"]
