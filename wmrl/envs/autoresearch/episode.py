@@ -10,7 +10,7 @@ from the same execution of the same script, and no test label ever reaches the a
     <root>/<task id>/public/train.csv   train.csv less the validation rows
     <root>/<task id>/public/test.csv    the test rows and the validation rows (features
                                         only), shuffled, under fresh opaque ids
-    <root>/<task id>/public/description.md  the card, its "- Rows:" line updated
+    <root>/<task id>/public/description.md  the card, its row and class counts updated
     <root>/<task id>/private/           0700, never visible to the agent:
         test_labels.csv                 id + target of the test rows (opaque ids)
         validation_labels.csv           id + target of the validation rows (opaque ids)
@@ -117,15 +117,25 @@ def validation_rows(task: Task, train: pd.DataFrame | None = None) -> np.ndarray
     return rows
 
 
-def _update_card(card: str, n_train: int, n_test: int) -> str:
-    """The card's "- Rows: N train, M test" line with the episode's counts."""
-    return re.sub(
+def _update_card(card: str, train: pd.DataFrame, n_test: int, target: str) -> str:
+    """The card with the episode's counts: its "- Rows: N train, M test" line and, where it
+    has one, its "## Class balance (train)" list (left stale, the difference from the task's
+    own card would give away the validation split's class counts)."""
+    card = re.sub(
         r"^- Rows: \d+ train, \d+ test",
-        f"- Rows: {n_train} train, {n_test} test",
+        f"- Rows: {len(train)} train, {n_test} test",
         card,
         count=1,
         flags=re.MULTILINE,
     )
+    head, sep, rest = card.partition("## Class balance (train)\n\n")
+    if not sep:
+        return card
+    old = rest.split("\n\n", 1)
+    counts = train[target].value_counts()
+    total = int(counts.sum())
+    lines = [f"- {k}: {int(v)} ({int(v) / total:.1%})" for k, v in counts.items()]
+    return head + sep + "\n".join(lines) + ("\n\n" + old[1] if len(old) > 1 else "\n")
 
 
 def _write(task: Task, out: Path, fingerprint: str) -> None:
@@ -162,7 +172,7 @@ def _write(task: Task, out: Path, fingerprint: str) -> None:
     os.chmod(out / "private", 0o700)  # unreadable to the sandbox's unprivileged uid
     train[~is_val].to_csv(out / "public/train.csv", index=False)
     mixed.to_csv(out / "public/test.csv", index=False)
-    card = _update_card(task.card, int((~is_val).sum()), len(mixed))
+    card = _update_card(task.card, train[~is_val], len(mixed), target)
     (out / "public/description.md").write_text(card)
     keyed = pd.DataFrame({id_col: opaque, target: mixed_target, "_part": part})
     keyed = keyed.sort_values(id_col, kind="stable")
