@@ -174,7 +174,7 @@ def test_a_saved_config_without_the_new_wm_fields_compares_as_their_legacy_value
     """A run (or stage) saved before `wm.runtime_coef` & co. existed did what those fields at
     0 do: it resumes with them at 0, and differs (named) from a config that turns one on."""
     from tests.rl_fixtures import load_config
-    from wmrl.rl.config import config_differences
+    from wmrl.rl.config import config_differences, legacy_hint
 
     config = load_config()
     saved = json.loads(config.to_json_best_effort())
@@ -183,4 +183,8 @@ def test_a_saved_config_without_the_new_wm_fields_compares_as_their_legacy_value
     config.wm.runtime_coef = 0.0
     assert config_differences(saved, config) == []
     config.wm.runtime_coef = 0.5
-    assert config_differences(saved, config) == ["wm.runtime_coef"]
+    diff = config_differences(saved, config)
+    assert diff == ["wm.runtime_coef"]
+    assert "--config.wm.runtime_coef=0.0" in legacy_hint(saved, diff)
+    saved["wm"]["runtime_coef"] = 0.25  # a field the saved run had: no legacy hint
+    assert legacy_hint(saved, config_differences(saved, config)) == ""
