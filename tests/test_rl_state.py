@@ -188,3 +188,17 @@ def test_a_saved_config_without_the_new_wm_fields_compares_as_their_legacy_value
     assert "--config.wm.runtime_coef=0.0" in legacy_hint(saved, diff)
     saved["wm"]["runtime_coef"] = 0.25  # a field the saved run had: no legacy hint
     assert legacy_hint(saved, config_differences(saved, config)) == ""
+
+
+def test_run_state_checkpoint_without_a_wm_head_resumes_into_a_wm_with_it(tmp_path):
+    """The same through `Checkpointer.save` of a real RunState (its own on-disk form)."""
+    st = small_state()
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(st, seed=0)
+    head = {"error_w": jnp.full((4, 10), 2.0)}
+    like = fresh_like(st).replace(wm={"params": {"v": jnp.zeros(4), **head}})
+    back = ckpt.restore_latest(like)
+    ckpt.close()
+    np.testing.assert_array_equal(back.wm["params"]["v"], st.wm["params"]["v"])
+    np.testing.assert_array_equal(back.wm["params"]["error_w"], np.full((4, 10), 2.0))
+    assert_same(back.replace(wm=st.wm), st)
