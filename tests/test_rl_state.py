@@ -2,6 +2,8 @@
 layout of the dict-based trainer (before RunState was a pytree) resumes into it unchanged,
 and a checkpoint of another layout is refused with a message, never restarted silently."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -118,3 +120,101 @@ def test_adaptive_rho_state_round_trips_and_a_run_without_it_keeps_its_layout(tm
     assert int(back.adaptive_rho.groups) == 9
     # Off (None): no array of its own, the layout checkpoints had before the rule existed.
     assert not any(p.startswith("adaptive_rho") for p in _paths(small_state()))
+
+
+def test_checkpoint_without_the_observation_arrays_resumes_with_them_from_the_template(tmp_path):
+    """A checkpoint written before the replay carried observation targets and the WM had a
+    runtime head (no `replay/runtime`, ..., no `wm/.../runtime_w1`) resumes: every array it
+    has is restored, the new ones come from the template (unknown targets, fresh head)."""
+    st = small_state()
+    head = {"runtime_w1": jnp.full((4, 2), 3.0), "runtime_b2": jnp.full((2,), 5.0)}
+    new = st.replace(wm={"params": {**st.wm["params"], **head},
+                         "mu": {"v": jnp.ones(4), **head}})  # fmt: skip
+    fields = lambda x: {k: getattr(x, k) for k in x.__dataclass_fields__}
+    old_replay = {k: v for k, v in fields(st.replay).items()
+                  if k not in ("runtime", "error_type", "validation")}  # fmt: skip
+    old_tree = {
+        "policy": st.policy, "ref_params": st.ref_params,
+        "wm": {"params": st.wm["params"], "mu": {"v": jnp.ones(4)}},
+        "correction": st.correction, "replay": old_replay, "pending": st.pending, "rng": st.rng,
+    }  # fmt: skip
+    mgr = ocp.CheckpointManager(tmp_path / "checkpoints")
+    mgr.save(st.step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(old_tree), meta=ocp.args.JsonSave(st.counters())))  # fmt: skip
+    mgr.wait_until_finished()
+    mgr.close()
+    like = fresh_like(new)
+    like = like.replace(
+        replay=Replay.empty(4, 5),
+        wm={"params": {"v": jnp.zeros(4), **head}, "mu": {"v": jnp.zeros(4), **head}},
+    )
+    ckpt = Checkpointer(tmp_path, keep=2)
+    back = ckpt.restore_latest(like)
+    ckpt.close()
+    assert back.step == st.step and int(back.replay.count) == 2
+    np.testing.assert_array_equal(back.replay.tokens, st.replay.tokens)
+    np.testing.assert_array_equal(back.replay.target, st.replay.target)
+    assert np.isnan(back.replay.runtime).all() and (back.replay.error_type == -1).all()
+    np.testing.assert_array_equal(back.wm["params"]["v"], st.wm["params"]["v"])
+    np.testing.assert_array_equal(back.wm["mu"]["v"], np.ones(4))
+    np.testing.assert_array_equal(back.wm["params"]["runtime_w1"], np.full((4, 2), 3.0))
+    np.testing.assert_array_equal(back.policy["opt"]["mu"], np.ones((3, 2)))
+    # New training after the resume adds known runtimes into the restored buffer.
+    rp = back.replay.add(
+        {"tokens": np.ones((1, 5), np.int32), "input_mask": np.ones((1, 5), bool)},
+        np.array([0.7], np.float32), np.array([int(Status.VALID)], np.int32),
+        runtime=np.array([1.5], np.float32),
+    )  # fmt: skip
+    assert int(rp.count) == 3 and rp.runtime[2] == np.float32(1.5)
+
+
+def test_checkpoint_missing_an_array_that_is_not_new_is_still_refused(tmp_path):
+    st = small_state()
+    fields = lambda x: {k: getattr(x, k) for k in x.__dataclass_fields__}
+    tree = {"policy": st.policy, "ref_params": st.ref_params, "wm": st.wm,
+            "correction": st.correction,
+            "replay": {k: v for k, v in fields(st.replay).items() if k != "target"},
+            "pending": st.pending, "rng": st.rng}  # fmt: skip
+    mgr = ocp.CheckpointManager(tmp_path / "checkpoints")
+    mgr.save(4, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(st.counters())))  # fmt: skip
+    mgr.wait_until_finished()
+    mgr.close()
+    ckpt = Checkpointer(tmp_path, keep=2)
+    with pytest.raises(ConfigError, match=r"missing: replay/target"):
+        ckpt.restore_latest(fresh_like(st))
+    ckpt.close()
+
+
+def test_a_saved_config_without_the_new_wm_fields_compares_as_their_legacy_values():
+    """A run (or stage) saved before `wm.runtime_coef` & co. existed did what those fields at
+    0 do: it resumes with them at 0, and differs (named) from a config that turns one on."""
+    from tests.rl_fixtures import load_config
+    from wmrl.rl.config import config_differences, legacy_hint
+
+    config = load_config()
+    saved = json.loads(config.to_json_best_effort())
+    for k in ("runtime_coef", "error_type_coef", "validation_coef"):
+        del saved["wm"][k]
+    config.wm.runtime_coef = 0.0
+    assert config_differences(saved, config) == []
+    config.wm.runtime_coef = 0.5
+    diff = config_differences(saved, config)
+    assert diff == ["wm.runtime_coef"]
+    assert "--config.wm.runtime_coef=0.0" in legacy_hint(saved, diff)
+    saved["wm"]["runtime_coef"] = 0.25  # a field the saved run had: no legacy hint
+    assert legacy_hint(saved, config_differences(saved, config)) == ""
+
+
+def test_run_state_checkpoint_without_a_wm_head_resumes_into_a_wm_with_it(tmp_path):
+    """The same through `Checkpointer.save` of a real RunState (its own on-disk form)."""
+    st = small_state()
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(st, seed=0)
+    head = {"error_w": jnp.full((4, 10), 2.0)}
+    like = fresh_like(st).replace(wm={"params": {"v": jnp.zeros(4), **head}})
+    back = ckpt.restore_latest(like)
+    ckpt.close()
+    np.testing.assert_array_equal(back.wm["params"]["v"], st.wm["params"]["v"])
+    np.testing.assert_array_equal(back.wm["params"]["error_w"], np.full((4, 10), 2.0))
+    assert_same(back.replace(wm=st.wm), st)

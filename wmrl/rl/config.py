@@ -38,6 +38,13 @@ OPTIONAL_FIELDS = ("model", "mesh_shape")
 
 # Fields that may change between a run and its resumption (they do not change what a
 # completed step computed). Everything else must match the saved config.json.
+# Fields added after runs were written, with the value that reproduces what those runs did:
+# a saved config (or stage fingerprint) without one is compared as if it had that value.
+LEGACY_DEFAULTS = {
+    "wm.runtime_coef": 0.0, "wm.error_type_coef": 0.0, "wm.validation_coef": 0.0,
+    "correction.adaptive_rho": False, "correction.rho_min": 0.125, "correction.rho_max": 1.0,
+}  # fmt: skip
+
 RESUMABLE_FIELDS = (
     "rl.steps", "rl.max_wall_time_s", "rl.eval_every", "rl.eval_every_s", "rl.eval_at_s",
     "rl.checkpoint_every", "rl.keep_checkpoints",
@@ -153,7 +160,8 @@ def _check_numbers(config) -> None:
     ):
         _finite(config, field, above=0)  # fmt: skip
     for field in ("rl.clip_eps", "rl.kl_coef", "rl.max_wall_time_s", "rl.entropy_coef",
-                  "wm.rank_coef", "correction.min_slope"):  # fmt: skip
+                  "wm.rank_coef", "wm.runtime_coef", "wm.error_type_coef",
+                  "wm.validation_coef", "correction.min_slope"):  # fmt: skip
         _finite(config, field, least=0)
     _finite(config, "rl.std_eps", above=0)
     for field, high in (("correction.rho", 1.0), ("correction.min_slope", 0.999999)):
@@ -413,6 +421,8 @@ class TrainerConfig:
     wm_batch_size: int
     wm_members: int
     replay_size: int
+    wm_head_coefs: dict  # the observation heads' loss weights (`models.head_coefs`)
+    time_limit_cap_s: float  # suite.time_limit_s: caps each task's limit (0 = none)
     routing: RoutingConfig
     debias: DebiasConfig
     denoise: DenoiseConfig
@@ -433,6 +443,9 @@ def trainer_config(config) -> TrainerConfig:
         std_eps=rl.std_eps, eval_samples=rl.eval_samples, learning_rate=rl.learning_rate,
         wm_learning_rate=wm.online_learning_rate, wm_online_steps=wm.online_steps,
         wm_batch_size=wm.batch_size, wm_members=wm.num_members, replay_size=wm.replay_size,
+        wm_head_coefs={k: float(wm[k]) for k in ("runtime_coef", "error_type_coef",
+                                                 "validation_coef")},
+        time_limit_cap_s=config.suite.time_limit_s,
         routing=routing_config(config), debias=debias_config(config),
         denoise=denoise_config(config), adaptive_rho=adaptive_rho_config(config),
     )  # fmt: skip
@@ -449,11 +462,26 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def legacy_hint(saved: dict, diff: list[str]) -> str:
+    """For differing fields that the saved config predates (`LEGACY_DEFAULTS`): how to
+    resume it as it was (e.g. ` (written before wm.runtime_coef existed: pass
+    --config.wm.runtime_coef=0.0 to continue it as it was)`); '' otherwise."""
+    before = _flatten(saved)
+    old = [k for k in diff if k in LEGACY_DEFAULTS and k not in before]
+    if not old:
+        return ""
+    flags = " ".join(f"--config.{k}={LEGACY_DEFAULTS[k]}" for k in old)
+    return f" (written before {', '.join(old)} existed: pass {flags} to continue it as it was)"
+
+
 def config_differences(saved: dict, config) -> list[str]:
     """Fields (dotted) whose values differ between a saved config.json and `config` (a
     ConfigDict or a plain dict), ignoring those a resumed run may change."""
     now = _flatten(config if isinstance(config, dict) else json.loads(config.to_json_best_effort()))
     before = _flatten(saved)
+    for k, v in LEGACY_DEFAULTS.items():
+        if k in now:  # compare like with like: a fingerprint holds only its own fields
+            before.setdefault(k, v)
     norm = lambda v: list(v) if isinstance(v, tuple) else v
     keys = sorted(set(now) | set(before))
     return [

@@ -25,6 +25,7 @@ from wmrl.config_errors import ConfigError
 from wmrl.envs.autoresearch.dataset import SEP, execute_corpus
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.make_task import task_info
+from wmrl.envs.autoresearch.observation import ERROR_TYPES, error_type_of
 from wmrl.envs.autoresearch.task import Task, load_suite
 from wmrl.rl import pretrained
 from wmrl.tokenizer import Tokenizer
@@ -170,8 +171,17 @@ def encode_trajectories(
     }
 
 
+def executed_runtime(status: np.ndarray, runtime_s) -> np.ndarray:
+    """[n] float32 runtimes (s) as WM targets: NaN where the script never ran (MALFORMED is
+    refused before execution, UNGRADED is no outcome) or the runtime is not known."""
+    rt = np.array([math.nan if v is None else v for v in runtime_s], np.float32)
+    ran = (status != int(Status.MALFORMED)) & (status != int(Status.UNGRADED))
+    return np.where(ran & np.isfinite(rt), rt, np.nan).astype(np.float32)
+
+
 def reward_targets(records: list[dict]) -> dict[str, np.ndarray]:
-    """WM targets: reward (NaN for ungraded) and outcome class (-1 for ungraded)."""
+    """WM targets: reward (NaN for ungraded), outcome class (-1 for ungraded) and runtime
+    (`executed_runtime`; a TIMEOUT's is the limit it was stopped at, a lower bound)."""
     reward = np.array(
         [math.nan if r.get("reward") is None else r["reward"] for r in records], np.float32
     )
@@ -181,4 +191,30 @@ def reward_targets(records: list[dict]) -> dict[str, np.ndarray]:
         "target": np.where(graded, reward, 0.0).astype(np.float32),
         "class_label": np.where(graded, status, -1).astype(np.int32),
         "valid": graded & ~np.isnan(reward),
+        "runtime": executed_runtime(status, [r.get("runtime_s") for r in records]),
+        "error_type": error_type_index(records, status),
+        # The raw validation metric: only an episode task's execution measures one.
+        "validation": np.array(
+            [math.nan if r.get("validation") is None else r["validation"] for r in records],
+            np.float32,
+        ),
     }
+
+
+def error_type_index(records: list[dict], status: np.ndarray) -> np.ndarray:
+    """[n] int32 index into `observation.ERROR_TYPES` of each record's exception class: its
+    `error_type` where recorded, else read from its `stderr_tail` (`error_type_of`); -1 for
+    ungraded rows."""
+    out = np.full(len(records), -1, np.int32)
+    for i, r in enumerate(records):
+        if status[i] == int(Status.UNGRADED):
+            continue
+        name = r.get("error_type") or error_type_of(r.get("stderr_tail", ""), Status(status[i]))
+        out[i] = ERROR_TYPES.index(name)
+    return out
+
+
+def time_limit(task: Task, cap_s: float = 0.0) -> float:
+    """The wall-clock limit a script of `task` runs under: the task's own, capped by
+    `cap_s` (`suite.time_limit_s`; 0 = no cap), as the sandbox pool applies it."""
+    return min(task.time_limit_s, cap_s) if cap_s else task.time_limit_s

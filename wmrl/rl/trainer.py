@@ -223,8 +223,13 @@ class Trainer:
         """The scripts of completions `[n, N]` (tokens where `cmask`)."""
         return [self.tok.decode(row[m.astype(bool)]) for row, m in zip(comp, cmask, strict=True)]
 
-    def _wm_scores(self, params, rows) -> dict:
-        out = self.wm_score(params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]))
+    def _wm_scores(self, params, rows, tasks) -> dict:
+        """WM predictions of the rows (`tasks`: each row's task, whose time limit the
+        runtime head's P(timeout) is taken under)."""
+        limits = np.array([rldata.time_limit(t, self.tc.time_limit_cap_s) for t in tasks])
+        out = self.wm_score(
+            params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]), limits
+        )
         return distributed.process_allgather_to_numpy(dict(out))
 
     # -- one RL step ---------------------------------------------------------------------
@@ -293,7 +298,7 @@ class Trainer:
         wm_out, group_var = None, None
         if self.spec.uses_wm and self.routing.uncertainty_share > 0:
             with clock("wm_score_s"):
-                wm_out = self._wm_scores(st.wm.params, s.rows)
+                wm_out = self._wm_scores(st.wm.params, s.rows, s.row_tasks)
             group_var = jnp.asarray(wm_out["predictive_var"].reshape(B, G).mean(axis=1))
         rho = self.rho_in_force(st)
         n = int(num_anchor_groups(B, B, self.routing, rho=rho))
@@ -340,7 +345,7 @@ class Trainer:
         wm_out = r.wm_out
         if self.spec.uses_wm and wm_out is None:
             with clock("wm_score_s"):
-                wm_out = self._wm_scores(st.wm.params, s.rows)
+                wm_out = self._wm_scores(st.wm.params, s.rows, s.row_tasks)
         with clock("train_s"):
             tokens, mask = jnp.asarray(s.rows["tokens"]), jnp.asarray(s.rows["input_mask"])
             ref_logp = self.logprobs(st.ref_params, tokens, mask)
@@ -372,6 +377,9 @@ class Trainer:
         # lag): trained on next step with their real outcomes, not now.
         s.rows["loss_mask"][np.setdiff1d(ex, idx)] = 0.0
         x.r_env[idx], x.status[idx] = got.r_env, got.status
+        for k in ("runtime_s", "error_type", "validation"):  # the WM's observation targets
+            if getattr(got, k) is not None:
+                getattr(x, k)[idx] = getattr(got, k)
         x = x._replace(collected=len(idx), new_executions=got.new)
         if got.step != s.step:  # the previous step's rows, spliced in
             for k in TOKEN_ARRAYS:
@@ -423,7 +431,15 @@ class Trainer:
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:
             anchor = {k: rows[k][idx] for k in ("tokens", "input_mask")}
-            replay = replay.add(anchor, x.r_env[idx], x.status[idx])
+            runtime = rldata.executed_runtime(x.status[idx], x.runtime_s[idx])
+            replay = replay.add(
+                anchor,
+                x.r_env[idx],
+                x.status[idx],
+                runtime=runtime,
+                error_type=x.error_type[idx],
+                validation=x.validation[idx],
+            )
             wm = self._wm_online(wm, replay, st.step)
         jax.block_until_ready((policy, wm))
         return Updated(policy, wm, replay, pmetrics)
@@ -452,9 +468,10 @@ class Trainer:
         arrays = replay.arrays()
         for _ in range(tc.wm_online_steps):
             idx = rng.integers(0, int(replay.count), tc.wm_batch_size)
-            b = models.wm_batch(arrays, idx, rng, tc.wm_members)
+            flags = models.head_batch_flags(tc.wm_head_coefs)
+            b = models.wm_batch(arrays, idx, rng, tc.wm_members, **flags)
             if self._wm_step is None:
-                self._wm_step = models.wm_step(self.wm, b)
+                self._wm_step = models.wm_step(self.wm, b, **tc.wm_head_coefs)
             wm, _ = self._wm_step(wm, b)
         return wm
 
