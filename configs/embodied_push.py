@@ -6,7 +6,9 @@ A seconds-long smoke setting: `--config=configs/embodied_push.py:tiny`.
 
 Modes from the same code: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl|constant_wm`
 (`constant_wm` is the control: the same anchors, but every WM-scored episode gets one shared
-score, the recent mean real success of the anchors). Rerunning the same command on the same
+score, the recent mean real success of the anchors: the core's constant-score control, an EMA
+with a half-life of 64 anchor episodes). The correction is the shared one,
+`wmrl.core.correct.correct_rewards`. Rerunning the same command on the same
 workdir resumes (finished stages are loaded, RL continues from its latest checkpoint).
 
 Stages (under `<workdir>/init`, or `init_dir` to share them between runs): expert demos ->
@@ -116,7 +118,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.correction.denoise_half_life = 16.0
     c.correction.denoise_target = 2.0
     c.correction.denoise_w_max = 4.0
-    c.correction.constant_window = 64  # constant_wm: mean real success of the last N anchors
     return tiny(c) if arg == "tiny" else c
 
 

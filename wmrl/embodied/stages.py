@@ -92,10 +92,12 @@ def validate_embodied_config(config) -> None:
         raise ConfigError(
             "config.correction.rho", f"must be in [0, 1], got {config.correction.rho}"
         )
-    if config.correction.debias not in ("monotone", "keyed", "both"):
+    if config.correction.debias != "monotone":
+        # Keyed offsets by task would cancel inside a group (all G rollouts share the task).
         raise ConfigError(
             "config.correction.debias",
-            f"must be monotone, keyed or both, got {config.correction.debias!r}",
+            f"only 'monotone' applies here (a group shares one task), got "
+            f"{config.correction.debias!r}",
         )
     if config.env.real_episode_cost_s < 0:
         raise ConfigError("config.env.real_episode_cost_s", "must be >= 0")
