@@ -78,6 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.wm.num_members = 4
     c.wm.hidden = 128
     c.wm.head_hidden = 64
+    # What the success head reads: the imagined final state (final), + the imagined pusher
+    # path (final+path), or the instruction and the path only (path); docs/embodied.md.
+    c.wm.head_inputs = "path"
     c.wm.policy_rollouts = 192  # real BC-policy episodes for WM pretraining (counted)
     c.wm.pretrain_steps = 800
     c.wm.batch_transitions = 256  # training windows per member and step

@@ -225,11 +225,12 @@ class Trainer:
                 temperature=st.temperature,
             )
         )
-        self.replay_score = jax.jit(
-            lambda wm, obs0, actions, task: wmodel.score_finals(
-                wm, obs0, wmodel.replay(wm, obs0, actions, self.velocities), task, st.push_distance
-            )
-        )
+
+        def replay_score(wm, obs0, actions, task):
+            finals, paths = wmodel.replay(wm, obs0, actions, self.velocities)
+            return wmodel.score_finals(wm, obs0, finals, task, st.push_distance, paths)
+
+        self.replay_score = jax.jit(replay_score)
         self.sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
         self.wm_step = wmodel.make_train_step(self.wm_tx, self.velocities, st.push_distance)
         # The shared correction, jitted once per run (as the AutoResearch trainer does).
