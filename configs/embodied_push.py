@@ -6,7 +6,9 @@ A seconds-long smoke setting: `--config=configs/embodied_push.py:tiny`.
 
 Modes from the same code: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl|constant_wm`
 (`constant_wm` is the control: the same anchors, but every WM-scored episode gets one shared
-score, the recent mean real success of the anchors). Rerunning the same command on the same
+score, the recent mean real success of the anchors: the core's constant-score control, an EMA
+with a half-life of 64 anchor episodes). The correction is the shared one,
+`wmrl.core.correct.correct_rewards`. Rerunning the same command on the same
 workdir resumes (finished stages are loaded, RL continues from its latest checkpoint).
 
 Stages (under `<workdir>/init`, or `init_dir` to share them between runs): expert demos ->
@@ -31,7 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.obs = "state"  # the only variant implemented (no images)
     c.init_dir = ""  # shared stages ('' = <workdir>/init)
     # Held-out success that defines real_episodes_to_target (warm start 0.377; `real` reached it
-    # in 320 and 640 real episodes on two seeds, docs/results.md).
+    # in 320, 640 and 960 real episodes on three seeds, docs/results.md).
     c.target_success = 0.45
 
     c.env = ml_collections.ConfigDict()
@@ -76,6 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.wm.num_members = 4
     c.wm.hidden = 128
     c.wm.head_hidden = 64
+    # What the success head reads: the imagined final state (final), + the imagined pusher
+    # path (final+path), or the instruction and the path only (path); docs/embodied.md.
+    c.wm.head_inputs = "path"
     c.wm.policy_rollouts = 192  # real BC-policy episodes for WM pretraining (counted)
     c.wm.pretrain_steps = 800
     c.wm.batch_transitions = 256  # training windows per member and step
@@ -116,7 +121,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.correction.denoise_half_life = 16.0
     c.correction.denoise_target = 2.0
     c.correction.denoise_w_max = 4.0
-    c.correction.constant_window = 64  # constant_wm: mean real success of the last N anchors
     return tiny(c) if arg == "tiny" else c
 
 

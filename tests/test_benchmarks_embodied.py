@@ -27,7 +27,7 @@ def test_to_target_and_budget_by_hand():
     assert bench.success_at_budget(curve, 150) == 0.4
 
 
-def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6):
+def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6, cost_s=0.0):
     wd.mkdir(parents=True)
     curve = [
         {
@@ -50,6 +50,7 @@ def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6):
         "wm_episodes": wm_episodes,
         "wall_time_s": float(len(curve) - 1),
         "stage_real_episodes": {"expert_demos": 240, "wm_pretrain_rollouts": 50},
+        "real_episode_cost_s": cost_s,
     }
     (wd / "summary.json").write_text(json.dumps(summary))
     steps = [
@@ -91,5 +92,22 @@ def test_benchmark_json_on_finished_runs(tmp_path):
     lo, hi = res["final_heldout_success"]["wmrl"]["ci95"]
     assert lo <= 0.48 <= hi
     assert res["wm_diagnostics"]["anchor_auc_by_quarter"] == pytest.approx([0.6] * 4)
+    # the goal: 750 / 225 = 3.3 >= 3 and wmrl's final 0.48 >= real's 0.465
+    assert res["goal"]["met"] and res["goal"]["ratio"] == pytest.approx(750 / 225)
+    assert res["goal"]["final_wmrl_minus_real"] == pytest.approx(0.48 - 0.465)
+    assert "modelled_robot_time_to_target_s" not in res  # no latency declared
+    assert res["real_episode_cost_s"] == 0.0 and "not a robot's" in res["cost_note"]
     json.dumps(res)  # serialisable
     assert np.isfinite(res["benchmark_s"])
+
+
+def test_goal_not_met_and_declared_latency(tmp_path):
+    """wmrl 3.3x cheaper but ending lower: the goal is not met; a declared per-episode latency
+    gives the modelled robot time to target (episodes x cost), labelled as a model."""
+    fake_run(tmp_path / "real_s0", [0.3, 0.4, 0.50], [0, 300, 600], cost_s=20.0)
+    fake_run(tmp_path / "wmrl_s0", [0.3, 0.46, 0.46], [0, 180, 300], 900, cost_s=20.0)
+    res = bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0)
+    assert res["goal"]["ratio"] == pytest.approx(600 / 180) and not res["goal"]["met"]
+    assert res["modelled_robot_time_to_target_s"]["real"]["mean"] == pytest.approx(600 * 20.0)
+    assert res["modelled_robot_time_to_target_s"]["wmrl"]["mean"] == pytest.approx(180 * 20.0)
+    assert "a model, not a measurement" in res["cost_note"]

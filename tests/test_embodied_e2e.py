@@ -9,11 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 from configs import embodied_push
-from wmrl.core import debias, denoise, grpo, routing
+from wmrl.core import correct, debias, denoise, grpo, routing
 from wmrl.embodied import experiment, rl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,10 +76,16 @@ def test_every_mode_runs_and_counts_its_episodes(runs):
 
 def test_constant_wm_scores_every_imagined_episode_with_the_recent_anchor_mean(runs):
     _, out = runs
-    steps, _ = steps_of(out["constant_wm"][0])
+    wd = out["constant_wm"][0]
+    steps, _ = steps_of(wd)
     assert steps[0]["imagined_success_calibrated"] == 0.0  # no anchors yet
-    # step 2: the mean real success of step 1's anchors (computed independently here)
-    assert steps[1]["imagined_success_calibrated"] == pytest.approx(steps[0]["real_success"])
+    # step 2: the core's recent mean, an EMA (half-life 64 rows) of step 1's 8 anchor successes,
+    # in row order; by hand from the replay (its last 8 episodes are step 1's anchors).
+    with np.load(wd / "checkpoints" / "replay_1.npz") as f:
+        y = f["success"][-8:]
+    w = 0.5 ** (np.arange(7, -1, -1) / 64.0)
+    assert y.mean() == pytest.approx(steps[0]["real_success"])
+    assert steps[1]["imagined_success_calibrated"] == pytest.approx((w * y).sum() / w.sum())
 
 
 def test_modes_differ_only_where_they_should(runs):
@@ -105,9 +112,11 @@ def test_within_group_auc_by_hand():
 
 
 def test_embodied_code_has_no_copy_of_the_correction_core():
-    """The correction maths lives in wmrl.core only: no definition of a core function here."""
+    """The correction maths lives in wmrl.core only: no definition of a core function here,
+    no debiasing / denoising formula, and no direct use of the correction's pieces (the
+    embodied trainer calls the shared `correct_rewards`, which calls `correct`)."""
     core_defs = set()
-    for mod in (debias, denoise, grpo, routing):
+    for mod in (correct, debias, denoise, grpo, routing):
         src = Path(mod.__file__).read_text()
         core_defs |= {
             line.split("(")[0][4:] for line in src.splitlines() if line.startswith("def ")
@@ -121,47 +130,75 @@ def test_embodied_code_has_no_copy_of_the_correction_core():
             if line.strip().startswith("def ")
         }
         assert not defs & core_defs, (path.name, defs & core_defs)
-        for marker in ("isotonic", "pool-adjacent", "1.0 / v", "ema_norm"):
+        for marker in (
+            # formulas of the core (monotone map, EMA, anchor weight, advantages)
+            "isotonic",
+            "pool-adjacent",
+            "1.0 / v",
+            "ema_norm",
+            "decay**",
+            "decay **",
+            "half_life)",
+            "1 + c",
+            "1.0 - after",
+            ".std(",
+            # the correction's pieces, which only `wmrl.core.correct` may assemble
+            "apply_debias",
+            "update_debias",
+            "update_denoise",
+            "anchor_weight(",
+            "group_advantages",
+            "update_anchor_mean",
+        ):
             assert marker not in src, (path.name, marker)
     rl_src = (ROOT / "wmrl" / "embodied" / "rl.py").read_text()
-    assert "from wmrl.core import debias, denoise, grpo, routing" in rl_src
+    assert "from wmrl.core import correct, debias, denoise, grpo, routing" in rl_src
+    assert "correct.correct_rewards" in rl_src
 
 
-def test_patching_the_core_changes_the_embodied_run(runs, monkeypatch, tmp_path):
-    """Observed, not grepped: replace core functions and the embodied trainer follows."""
+def test_the_embodied_run_takes_its_rewards_from_the_shared_correct(runs, monkeypatch, tmp_path):
+    """Observed, not grepped: a spy on `wmrl.core.correct.correct` during a 1-step run sees the
+    mode's switches and the anchors' real successes, and what it returns is what the run
+    trains on (zeroed rewards -> zero advantages -> the policy stays the BC policy)."""
     root, _out = runs
-    calls = {"fuse": 0, "apply_debias": 0, "update_denoise": 0}
-    real_fuse, real_apply, real_upd = (
-        denoise.fuse_ensemble,
-        debias.apply_debias,
-        denoise.update_denoise,
-    )
+    calls, seen = [], {}
+    real_correct = correct.correct
 
-    def count(name, fn):
-        def wrapped(*a, **k):
-            calls[name] += 1
-            return fn(*a, **k)
+    def spy(corr, r_wm, anchor_env, anchor_index, **kw):
+        calls.append(kw)  # at trace time (the trainer jits the correction)
+        keep = lambda e, i: seen.update(env=np.asarray(e), index=np.asarray(i))
+        jax.debug.callback(keep, anchor_env, anchor_index)  # the values, when it runs
+        c = real_correct(corr, r_wm, anchor_env, anchor_index, **kw)
+        return c._replace(rewards=c.rewards * 0.0)
 
-        return wrapped
-
-    monkeypatch.setattr(denoise, "fuse_ensemble", count("fuse", real_fuse))
-    monkeypatch.setattr(debias, "apply_debias", count("apply_debias", real_apply))
-    monkeypatch.setattr(denoise, "update_denoise", count("update_denoise", real_upd))
+    monkeypatch.setattr(correct, "correct", spy)
     # every group an anchor: the routing decides how many real episodes there are
     monkeypatch.setattr(
         routing, "route_anchors", lambda rng, n, cfg, *a, **k: (np.ones(n, bool), np.ones(n))
     )
-    # zero advantages: GRPO has nothing to follow, the policy stays the BC policy
-    monkeypatch.setattr(
-        grpo, "group_advantages", lambda r, g, **k: np.zeros(r.shape[0], np.float32)
-    )
     s = experiment.run(tiny(root / "init", mode="wmrl", rl__steps=1), tmp_path / "patched")
+    assert len(calls) == 1  # traced once (jitted), for the one step
+    c = calls[0]
+    assert c["debias_on"] and c["denoise_on"] and not c["constant_on"] and c["group_size"] == 4
     assert s["real_episodes"] == 16 and s["wm_episodes"] == 0
-    assert calls["fuse"] >= 1 and calls["apply_debias"] >= 1 and calls["update_denoise"] == 1
     assert s["final_heldout_success"] == s["warmstart_heldout_success"]
     first = steps_of(tmp_path / "patched")[0][0]
+    # it was handed the 4 anchor groups' real successes (the run's own count of them)
+    assert seen["env"].shape == (4, 4) and list(seen["index"]) == [0, 1, 2, 3]
+    assert set(np.unique(seen["env"])) <= {0.0, 1.0}
+    assert seen["env"].mean() == pytest.approx(first["real_success"])
+    assert first["train_reward"] == 0.0
     # unchanged policy (KL to the BC policy 0 up to rounding), zero advantage
     assert first["pg_loss"] == 0.0 and first["kl"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_each_mode_passes_its_row_of_the_shared_mode_table():
+    """The embodied modes are the core table's rows (constant_wm: the constant-score control)."""
+    for mode in MODES:
+        spec = rl.MODE_SPECS[mode]
+        want = correct.MODE_SPECS["static_anchors" if mode == "constant_wm" else mode]
+        assert spec is want, mode
+    assert rl.MODE_SPECS["constant_wm"].constant and not rl.MODE_SPECS["wmrl"].constant
 
 
 # ----------------------------------------------------------------------------- resume

@@ -1,5 +1,6 @@
 """The MuJoCo pushing scene, its expert and its bad-input errors (fast)."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -94,3 +95,66 @@ def test_bad_input_names_the_field():
     c.mode = "static_anchors"
     with pytest.raises(ConfigError, match=r"config\.mode"):
         stages.validate_embodied_config(c)
+    c = embodied_push.get_config()
+    c.env.colours = ("red", "yellow", "blue")
+    with pytest.raises(ConfigError, match=r"config\.env\.colours"):
+        stages.validate_embodied_config(c)
+    c = embodied_push.get_config()
+    c.correction.debias = "keyed"
+    with pytest.raises(ConfigError, match=r"config\.correction\.debias.*monotone"):
+        stages.validate_embodied_config(c)
+    c = embodied_push.get_config()
+    c.wm.head_inputs = "images"
+    with pytest.raises(ConfigError, match=r"config\.wm\.head_inputs.*images"):
+        stages.validate_embodied_config(c)
+
+
+def test_default_heldout_evaluation_has_a_standard_error_of_at_most_0_03():
+    """The issue's bar: the binomial SE sqrt(p (1 - p) / n) at its worst (p = 0.5)."""
+    n = embodied_push.get_config().rl.eval_episodes
+    assert np.sqrt(0.25 / n) <= 0.03
+
+
+def test_path_features_by_hand():
+    """The WM head's pusher-path features on a straight path (by hand, in the named block's
+    frame: origin the green block's start, x along "forward" = +y, y across = -x)."""
+    import jax.numpy as jnp
+
+    from wmrl.embodied import world_model as wmodel
+
+    obs0 = np.zeros((1, 14), np.float32)
+    obs0[0, :2] = (0.0, -0.1)
+    starts = np.array([[0.1, 0.0], [0.0, 0.0], [-0.1, 0.05]], np.float32)
+    obs0[0, 2:8] = obs0[0, 8:14] = starts.ravel()
+    t = np.arange(8)
+    path = np.stack([np.full(8, 0.01), -0.1 + 0.025 * (t + 1)], -1)[None].astype(np.float32)
+    task = scene.ALL_TASKS.index(scene.parse_instruction("push the green block forward"))
+    f = np.asarray(wmodel.path_features(jnp.asarray(obs0), jnp.asarray(path), jnp.asarray([task])))
+    # along after steps 2, 4, 6, 8; across (-x) there; max along; max |across|; clearance to
+    # red (closest at y = 0: 0.09) and to blue (closest at y = 0.05: 0.11), sorted; x10 scale
+    want = [-0.05, 0.0, 0.05, 0.1, -0.01, -0.01, -0.01, -0.01, 0.1, 0.01, 0.09, 0.11]
+    np.testing.assert_allclose(f[0], 10 * np.asarray(want), atol=1e-5)
+
+
+def test_head_inputs_variants_round_trip_and_score():
+    """Each `wm.head_inputs` variant builds a head of its width, is read back from the params
+    and scores replayed episodes (success probabilities [M, N] in (0, 1))."""
+    import jax.numpy as jnp
+
+    from wmrl.embodied import world_model as wmodel
+
+    obs0 = jnp.asarray(
+        scene.make_obs(scene.sample_start(np.random.default_rng(0), scene.ALL_TASKS[5], SPEC))
+    )[None]
+    actions = jnp.zeros((1, 8), jnp.int32)
+    vel = jnp.asarray(SPEC.velocities())
+    for kind, width in wmodel.HEAD_WIDTHS.items():
+        params = wmodel.init_wm(
+            wmodel.WMSpec(num_members=2, hidden=8, head_hidden=8, head_inputs=kind), 0
+        )
+        member = jax.tree.map(lambda x: x[0], params)
+        assert wmodel.head_kind(member) == kind and member["head"][0]["w"].shape[0] == width
+        finals, paths = wmodel.replay(params, obs0, actions, vel)
+        assert paths.shape == (2, 1, 8, 2)
+        mu, _ = wmodel.score_finals(params, obs0, finals, jnp.asarray([5]), 0.1, paths)
+        assert mu.shape == (2, 1) and bool(((mu > 0) & (mu < 1)).all())

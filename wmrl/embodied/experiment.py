@@ -118,9 +118,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         wm_batch=(config.wm.batch_transitions, config.wm.batch_episodes, config.wm.unroll),
         replay_size=config.wm.replay_size,
     )
-    template = rl.init_rl_state(
-        st, bc_params, wm_params, policy_tx, wm_tx, config.correction.constant_window
-    )
+    template = rl.init_rl_state(st, bc_params, wm_params, policy_tx, wm_tx)
     eval_starts = rollout.sample_starts(
         np.random.default_rng([config.seed, 999]), held_tasks, config.rl.eval_episodes, spec
     )

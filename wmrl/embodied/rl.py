@@ -8,22 +8,26 @@ One RL step (DESIGN.md 3, embodied):
      imagined by the world model with the policy in the loop (`world_model.imagine`) and never
      steps the simulator. Anchors are also replayed through the WM: (WM score, real success)
      pairs of the same trajectories.
-  4. WM score per episode: members fused by inverse variance (`wmrl.core.denoise.fuse_ensemble`,
-     modes denoise_only / wmrl) or averaged; calibrated by Online Debiasing
-     (`wmrl.core.debias.apply_debias`, modes debias_only / wmrl); `constant_wm` gives every WM
-     episode the recent mean real success of the anchors (the control).
-  5. `wmrl.core.grpo.group_advantages`, anchor weight `wmrl.core.denoise.anchor_weight` via
-     `wmrl.core.grpo.apply_anchor_weight`, PPO-clip token loss `wmrl.core.grpo.token_policy_loss`
-     over the action tokens with KL to the BC policy.
-  6. Feed the pairs to the estimators (`update_debias`, `update_denoise`) and fine-tune the WM
-     on the replay of real episodes.
+  4. Raw WM score per episode: members fused by inverse variance
+     (`wmrl.core.denoise.fuse_ensemble`, modes denoise_only / wmrl) or averaged.
+  5. The correction is the shared one, `wmrl.core.correct.correct_rewards` (the AutoResearch
+     trainer's; it calls `wmrl.core.correct.correct`, the bandits' too) with the mode's row of
+     `wmrl.core.correct.MODE_SPECS`: Online Debiasing, the anchor pairs folded into the
+     estimators, real success in the anchor groups, group advantages and the stream-level
+     anchor weight. `constant_wm` is the table's constant-score control (`static_anchors`'s
+     spec; this setting has no static check): every WM episode gets the recent mean real
+     success of the anchors.
+  6. PPO-clip token loss `wmrl.core.grpo.token_policy_loss` over the action tokens with KL to
+     the BC policy; the WM is fine-tuned on the replay of real episodes.
 
-All correction maths is imported from `wmrl.core`; nothing of it is re-implemented here.
+No correction maths is written here; it is all imported from `wmrl.core`
+(tests/test_embodied_e2e.py spies on `correct` during a run).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import jax
@@ -31,20 +35,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from wmrl.core import debias, denoise, grpo, routing
-from wmrl.core.state import CorrectionState, init_correction_state
+from wmrl.core import correct, debias, denoise, grpo, routing
+from wmrl.core.state import init_correction_state
 from wmrl.embodied import policy as pol
 from wmrl.embodied import rollout
 from wmrl.embodied import world_model as wmodel
 
+# The shared table's rows (`wmrl.core.correct.MODE_SPECS`); `constant_wm` is its constant-score
+# control (the spec of `static_anchors`, whose static check does not exist here). A denoising
+# mode also fuses the WM members by inverse variance (sample level, DESIGN.md 3.5).
+WMRL_MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
 MODE_SPECS = {
-    # (uses the WM, debias, fuse members + anchor weight, constant WM score)
-    "real": (False, False, False, False),
-    "wm_only": (True, False, False, False),
-    "debias_only": (True, True, False, False),
-    "denoise_only": (True, False, True, False),
-    "wmrl": (True, True, True, False),
-    "constant_wm": (True, False, False, True),
+    **{m: correct.MODE_SPECS[m] for m in WMRL_MODES},
+    "constant_wm": correct.MODE_SPECS["static_anchors"],
 }
 
 
@@ -66,20 +69,16 @@ class RLStatics:
     denoise: denoise.DenoiseConfig
 
     @property
-    def uses_wm(self):
-        return MODE_SPECS[self.mode][0]
+    def spec(self) -> correct.ModeSpec:
+        return MODE_SPECS[self.mode]
 
     @property
-    def debiased(self):
-        return MODE_SPECS[self.mode][1]
+    def uses_wm(self):
+        return self.spec.uses_wm
 
     @property
     def denoised(self):
-        return MODE_SPECS[self.mode][2]
-
-    @property
-    def constant(self):
-        return MODE_SPECS[self.mode][3]
+        return self.spec.denoise
 
     @property
     def anchor_group_count(self) -> int:
@@ -104,7 +103,7 @@ def statics_from_config(config) -> RLStatics:
         push_distance=config.env.push_distance,
         routing=routing.RoutingConfig(rho=cc.rho, min_groups=cc.min_groups),
         debias=debias.DebiasConfig(
-            mode=cc.debias if MODE_SPECS[config.mode][1] else "none",
+            mode=cc.debias if MODE_SPECS[config.mode].debias else "none",
             num_keys=12,
             capacity=cc.capacity,
             num_bins=cc.num_bins,
@@ -121,20 +120,18 @@ def statics_from_config(config) -> RLStatics:
     )
 
 
-def init_rl_state(st: RLStatics, policy_params, wm_params, policy_tx, wm_tx, constant_window):
-    """The whole checkpointed RL state as one pytree (numpy/jax arrays only)."""
+def init_rl_state(st: RLStatics, policy_params, wm_params, policy_tx, wm_tx):
+    """The whole checkpointed RL state as one pytree (numpy/jax arrays only). The correction
+    state is the core's (`constant_wm`'s shared score starts at 0 before any anchor)."""
     return {
         "step": np.zeros((), np.int32),
         "policy": policy_params,
         "policy_opt": policy_tx.init(policy_params),
         "wm": wm_params,
         "wm_opt": wm_tx.init(wm_params),
-        "corr": init_correction_state(st.debias),
+        "corr": init_correction_state(st.debias, prior_reward=0.0),
         "real_episodes": np.zeros((), np.int64),
         "wm_episodes": np.zeros((), np.int64),
-        # constant_wm: ring of the last anchors' real successes (NaN = empty)
-        "recent_real": np.full((constant_window,), np.nan, np.float32),
-        "recent_pos": np.zeros((), np.int32),
     }
 
 
@@ -228,13 +225,26 @@ class Trainer:
                 temperature=st.temperature,
             )
         )
-        self.replay_score = jax.jit(
-            lambda wm, obs0, actions, task: wmodel.score_finals(
-                wm, obs0, wmodel.replay(wm, obs0, actions, self.velocities), task, st.push_distance
-            )
-        )
+
+        def replay_score(wm, obs0, actions, task):
+            finals, paths = wmodel.replay(wm, obs0, actions, self.velocities)
+            return wmodel.score_finals(wm, obs0, finals, task, st.push_distance, paths)
+
+        self.replay_score = jax.jit(replay_score)
         self.sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
         self.wm_step = wmodel.make_train_step(self.wm_tx, self.velocities, st.push_distance)
+        # The shared correction, jitted once per run (as the AutoResearch trainer does).
+        self.correct = jax.jit(
+            functools.partial(
+                correct.correct_rewards,
+                group_size=st.group_size,
+                spec=st.spec,
+                debias_cfg=st.debias,
+                denoise_cfg=st.denoise,
+                normalize_std=st.normalize_std,
+                baseline="mean",
+            )
+        )
 
     def real_episodes(self, params, starts, key) -> rollout.Episodes:
         def act(words, obs, c):
@@ -272,23 +282,21 @@ class Trainer:
         real = self.real_episodes(params, pick(groups_real), k_real)
         timing["real_s"] = time.monotonic() - t0
         A, nw = len(groups_real), len(groups_wm)
+        # Rows in group order: the A anchor groups first, then the nw imagined ones.
         parts_obs = [real.obs[:, : st.episode_len : st.chunk]]
         parts_act, parts_logp = [real.actions], [real.logp]
         parts_words = [real.words]
-        rewards = [real.success]
+        r_wm = [np.zeros(A * G, np.float32)]  # the anchors' own WM scores (below)
         metrics = {"step": t + 1, "real_success": float(real.success.mean())}
         t1 = time.monotonic()
         if st.uses_wm:
             wm = state["wm"]
-            corr: CorrectionState = state["corr"]
             # The anchors' WM scores: their real actions replayed open-loop from the same start.
             a_mu, a_lv = self.replay_score(
                 wm, jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), jnp.asarray(real.task)
             )
             a_raw, _ = fused_score(a_mu, a_lv, st.denoised)
-            a_cal = (
-                debias.apply_debias(corr.debias, a_raw, None, st.debias) if st.debiased else a_raw
-            )
+            r_wm = [np.asarray(a_raw, np.float32)]
             if nw:
                 wstarts = pick(groups_wm)
                 words = np.stack([rollout.scene.encode_instruction(s.task) for s in wstarts])
@@ -298,51 +306,50 @@ class Trainer:
                     wm, params, jnp.asarray(words), jnp.asarray(task), jnp.asarray(obs0), k_wm
                 )
                 raw, var = fused_score(im["means"], im["log_vars"], st.denoised)
-                cal = debias.apply_debias(corr.debias, raw, None, st.debias) if st.debiased else raw
-                if st.constant:
-                    recent = state["recent_real"]
-                    fill = float(np.nanmean(recent)) if np.isfinite(recent).any() else 0.0
-                    cal = jnp.full_like(cal, fill)
                 parts_obs.append(np.asarray(im["obs"]))
                 parts_act.append(np.asarray(im["actions"]))
                 parts_logp.append(np.asarray(im["logp"]))
                 parts_words.append(words)
-                rewards.append(np.asarray(cal))
+                r_wm.append(np.asarray(raw, np.float32))
                 metrics["imagined_success"] = float(np.mean(raw))
-                metrics["imagined_success_calibrated"] = float(np.mean(cal))
                 metrics["wm_variance"] = float(np.mean(var))
-            # diagnostics on the anchors (before this step's pairs are added)
-            ra, rc = np.asarray(a_raw).reshape(A, G), np.asarray(a_cal).reshape(A, G)
-            y = real.success.reshape(A, G)
-            auc, n_auc = within_group_auc(ra, y)
-            diag = debias.bias_diagnostic(
-                jnp.asarray(ra.ravel()), jnp.asarray(rc.ravel()), jnp.asarray(y.ravel()), G
-            )
+        timing["wm_score_s"] = time.monotonic() - t1
+        # ---- the shared correction (rewards, advantages, anchor weight) and the update
+        t2 = time.monotonic()
+        n = (A + nw) * G
+        anchor_rows = np.arange(n) < A * G
+        r_env = np.zeros(n, np.float32)
+        r_env[: A * G] = real.success
+        corr, out, stats = self.correct(
+            state["corr"],
+            jnp.asarray(np.concatenate(r_wm)),
+            jnp.asarray(r_env),
+            jnp.asarray(anchor_rows),
+            jnp.asarray(anchor_rows),
+            jnp.asarray(np.arange(A + nw) < A),
+            jnp.arange(A),
+        )
+        if st.uses_wm:
+            cal = np.asarray(out["calibrated"])
+            ra, rc = np.asarray(r_wm[0]).reshape(A, G), cal[: A * G].reshape(A, G)
+            auc, n_auc = within_group_auc(ra, real.success.reshape(A, G))
             metrics.update(
                 anchor_auc=auc,
                 anchor_auc_groups=n_auc,
                 anchor_wm_score=float(ra.mean()),
                 anchor_wm_calibrated=float(rc.mean()),
-                bias_before=float(diag["before"]) if "before" in diag else None,
-                bias_reduction=float(diag["bias_reduction"]),
-                calibrated=bool(corr.debias.monotone.fitted),
+                bias_before=float(stats["residual_before"]),
+                bias_reduction=float(stats["bias_reduction"]),
+                calibrated=bool(stats["calibrated"]),
             )
-        timing["wm_score_s"] = time.monotonic() - t1
-        # ---- advantages (groups in order: real ones first, then imagined) and update
-        t2 = time.monotonic()
-        r = jnp.asarray(np.concatenate(rewards).astype(np.float32))
-        adv = grpo.group_advantages(r, G, normalize_std=st.normalize_std)
-        anchor_groups = jnp.asarray(np.arange(A + nw) < A)
-        weight = jnp.ones(())
-        if st.uses_wm and st.denoised:
-            weight = denoise.anchor_weight(state["corr"].denoise, st.denoise)
-            adv = grpo.apply_anchor_weight(adv, G, anchor_groups, weight)
+            if nw:
+                metrics["imagined_success_calibrated"] = float(np.mean(cal[A * G :]))
         batch = {
             "words": jnp.asarray(np.concatenate(parts_words)),
             "obs": jnp.asarray(np.concatenate(parts_obs)),
             "actions": jnp.asarray(np.concatenate(parts_act)),
             "logp": jnp.asarray(np.concatenate(parts_logp)),
-            "adv": adv,
+            "adv": out["advantages"],
         }
         new_params, opt, pm = self.policy_update(
             params, state["policy_opt"], self.ref_params, batch
@@ -358,38 +365,14 @@ class Trainer:
         new["wm_episodes"] = np.asarray(int(state["wm_episodes"]) + nw * G, np.int64)
         metrics.update({k: float(v) for k, v in pm.items()})
         metrics.update(
-            anchor_weight=float(weight),
+            anchor_weight=float(stats["anchor_weight"]),
             anchor_groups=A,
             wm_groups=nw,
-            train_reward=float(jnp.mean(r)),
+            train_reward=float(stats["train_reward"]),
         )
         if st.uses_wm:
             t3 = time.monotonic()
-            corr = state["corr"]
-            if st.debiased:
-                corr = corr.replace(
-                    debias=debias.update_debias(
-                        corr.debias,
-                        a_raw,
-                        jnp.asarray(real.success),
-                        None,
-                        jnp.ones(A * G, bool),
-                        st.debias,
-                    )
-                )
-            if st.denoised:
-                corr = corr.replace(
-                    denoise=denoise.update_denoise(
-                        corr.denoise, jnp.asarray(rc), jnp.asarray(y), st.denoise
-                    )
-                )
             new["corr"] = corr
-            # constant_wm's running mean of real anchor success
-            ring, pos = np.array(state["recent_real"]), int(state["recent_pos"])
-            for v in real.success:
-                ring[pos % len(ring)] = v
-                pos += 1
-            new["recent_real"], new["recent_pos"] = ring, np.asarray(pos, np.int32)
             replay = add_to_replay(replay, real, self.replay_size, st.push_distance)
             new["wm"], new["wm_opt"], wmm = self.fine_tune_wm(
                 state["wm"], state["wm_opt"], replay, t

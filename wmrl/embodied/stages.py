@@ -41,6 +41,7 @@ STAGE_FIELDS = {
         "wm.num_members",
         "wm.hidden",
         "wm.head_hidden",
+        "wm.head_inputs",
         "wm.policy_rollouts",
         "wm.pretrain_steps",
         "wm.batch_transitions",
@@ -92,10 +93,17 @@ def validate_embodied_config(config) -> None:
         raise ConfigError(
             "config.correction.rho", f"must be in [0, 1], got {config.correction.rho}"
         )
-    if config.correction.debias not in ("monotone", "keyed", "both"):
+    if config.correction.debias != "monotone":
+        # Keyed offsets by task would cancel inside a group (all G rollouts share the task).
         raise ConfigError(
             "config.correction.debias",
-            f"must be monotone, keyed or both, got {config.correction.debias!r}",
+            f"only 'monotone' applies here (a group shares one task), got "
+            f"{config.correction.debias!r}",
+        )
+    if config.wm.head_inputs not in wmodel.HEAD_WIDTHS:
+        raise ConfigError(
+            "config.wm.head_inputs",
+            f"must be one of {list(wmodel.HEAD_WIDTHS)}, got {config.wm.head_inputs!r}",
         )
     if config.env.real_episode_cost_s < 0:
         raise ConfigError("config.env.real_episode_cost_s", "must be >= 0")
@@ -148,6 +156,7 @@ def wm_spec(config) -> wmodel.WMSpec:
         head_hidden=w.head_hidden,
         num_actions=config.env.action_bins**2,
         push_distance=config.env.push_distance,
+        head_inputs=w.head_inputs,
     )
 
 

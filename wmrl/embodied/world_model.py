@@ -41,6 +41,11 @@ class WMSpec:
     head_hidden: int = 64
     num_actions: int = 25
     push_distance: float = 0.10
+    # The head also reads the imagined pusher path (in the named block's frame): where the
+    # pusher was at each quarter of the episode, how far it went along and across the push,
+    # how close it came to the other blocks. The pusher's path is what the dynamics imagines
+    # well (~6 mm error over an episode), the blocks' final positions are not (~4 cm).
+    head_inputs: str = "path"  # final | final+path | path (see HEAD_WIDTHS)
 
 
 def _dense(key, n_in, n_out):
@@ -58,15 +63,25 @@ def _mlp(params, x):
 
 DYN_IN = 32 + 25 + 2
 HEAD_IN = 3 + 4 + 32 + 3 + 2
+PATH_IN = 4 + 4 + 1 + 1 + 2  # along / across at 4 times, max along, max |across|, 2 clearances
+# The head's inputs: the imagined final state (and the instruction), + the pusher's path, or
+# the instruction and the path only. The variant is read back from the head's input width.
+HEAD_WIDTHS = {"final": HEAD_IN, "final+path": HEAD_IN + PATH_IN, "path": 7 + PATH_IN}
 
 
 def init_member(key, spec: WMSpec):
-    k = jax.random.split(key, 6)
+    # 9 draws, 6 used: the measured stages (docs/results.md, 2026-12-01 rerun) were initialised
+    # from these (three went to an object-centric dynamics variant, measured and dropped).
+    k = jax.random.split(key, 9)
     h, hh = spec.hidden, spec.head_hidden
+    if spec.head_inputs not in HEAD_WIDTHS:
+        raise ValueError(f"wm.head_inputs: one of {list(HEAD_WIDTHS)}, got {spec.head_inputs!r}")
+    head_in = HEAD_WIDTHS[spec.head_inputs]
+    head_params = [_dense(k[3], head_in, hh), _dense(k[4], hh, hh), _dense(k[5], hh, 3)]
     dyn_in = 32 + spec.num_actions + 2
     return {
         "dyn": [_dense(k[0], dyn_in, h), _dense(k[1], h, h), _dense(k[2], h, 8)],
-        "head": [_dense(k[3], HEAD_IN, hh), _dense(k[4], hh, hh), _dense(k[5], hh, 3)],
+        "head": head_params,
     }
 
 
@@ -97,10 +112,40 @@ def task_parts(task_idx):
     return colour, vecs[direction], onehot
 
 
-def head_features(obs0, final, task_idx, push_distance):
+def path_features(obs0, path, task_idx):
+    """The pusher's path [N, T, 2] -> [N, PATH_IN] features in the named block's frame (origin
+    its start, x along the push direction): along / across offsets after each quarter of the
+    episode, the furthest along, the widest across, and the closest the pusher came to each of
+    the other two blocks' start positions (sorted)."""
+    colour, dvec, _ = task_parts(task_idx)
+    perp = jnp.stack([-dvec[:, 1], dvec[:, 0]], -1)
+    start_blocks = obs0[:, 8:14].reshape(-1, 3, 2)
+    sel = jax.nn.one_hot(colour, 3)
+    named0 = (start_blocks * sel[..., None]).sum(1)
+    rel = path - named0[:, None]
+    along = (rel * dvec[:, None]).sum(-1)
+    across = (rel * perp[:, None]).sum(-1)
+    T = path.shape[1]
+    at = jnp.asarray([T // 4, T // 2, 3 * T // 4, T]) - 1
+    clear = jnp.linalg.norm(path[:, :, None] - start_blocks[:, None], axis=-1).min(1)  # [N, 3]
+    others = jnp.sort(jnp.where(sel > 0, 1e3, clear), -1)[:, :2]
+    feats = [
+        along[:, at],
+        across[:, at],
+        along.max(1, keepdims=True),
+        jnp.abs(across).max(1, keepdims=True),
+        others,
+    ]
+    return pol.OBS_SCALE * jnp.concatenate(feats, -1)
+
+
+def head_features(obs0, final, task_idx, push_distance, path=None, kind="final"):
     """Instruction, start and (imagined) final state -> [N, HEAD_IN] features, among them the
-    named block's offset from its goal and how far the other blocks moved."""
+    named block's offset from its goal and how far the other blocks moved; `kind` final+path
+    adds the pusher path's [N, T, 2] `path_features`, `path` keeps the instruction and those."""
     colour, dvec, onehot = task_parts(task_idx)
+    if kind == "path":
+        return jnp.concatenate([onehot, path_features(obs0, path, task_idx)], -1)
     start_blocks = obs0[:, 8:14].reshape(-1, 3, 2)
     blocks = final[:, 2:8].reshape(-1, 3, 2)
     sel = jax.nn.one_hot(colour, 3)[..., None]
@@ -110,7 +155,16 @@ def head_features(obs0, final, task_idx, push_distance):
     others = jnp.sort(jnp.where(sel[..., 0] > 0, 0.0, moved), -1)[:, 1:]
     feats = pol.object_features(final).reshape(final.shape[0], -1)
     named_norm = jnp.linalg.norm(named_off, axis=-1, keepdims=True)
-    return jnp.concatenate([onehot, feats, named_off, named_norm, others], -1)
+    out = [onehot, feats, named_off, named_norm, others]
+    if kind == "final+path":
+        out.append(path_features(obs0, path, task_idx))
+    return jnp.concatenate(out, -1)
+
+
+def head_kind(member) -> str:
+    """A member's `head_inputs` variant, from its head's input width."""
+    width = member["head"][0]["w"].shape[-2]
+    return next(k for k, w in HEAD_WIDTHS.items() if w == width)
 
 
 def head(member, feats):
@@ -120,26 +174,32 @@ def head(member, feats):
 
 
 def replay(params, obs0, actions, velocities):
-    """Every member's open-loop replay of actions [N, T] from obs0 [N, 14] -> finals [M, N, 14]."""
+    """Every member's open-loop replay of actions [N, T] from obs0 [N, 14] -> (finals
+    [M, N, 14], pusher paths [M, N, T, 2])."""
 
     def member_final(member):
         def body(obs, a):
-            return dyn_step(member, obs, a, velocities), None
+            nxt = dyn_step(member, obs, a, velocities)
+            return nxt, nxt[:, 0:2]
 
-        final, _ = jax.lax.scan(body, obs0, actions.T)
-        return final
+        final, path = jax.lax.scan(body, obs0, actions.T)
+        return final, path.transpose(1, 0, 2)
 
     return jax.vmap(member_final)(params)
 
 
-def score_finals(params, obs0, finals, task_idx, push_distance):
-    """-> member means and log-variances [M, N] of success."""
+def score_finals(params, obs0, finals, task_idx, push_distance, paths=None):
+    """finals [M, N, 14] (and pusher paths [M, N, T, 2]) -> member means and log-variances
+    [M, N] of success."""
 
-    def one(member, final):
-        mu, logvar, _, _ = head(member, head_features(obs0, final, task_idx, push_distance))
+    def one(member, final, path):
+        feats = head_features(obs0, final, task_idx, push_distance, path, head_kind(member))
+        mu, logvar, _, _ = head(member, feats)
         return mu, logvar
 
-    return jax.vmap(one)(params, finals)
+    if paths is None:
+        paths = jnp.zeros((*finals.shape[:2], 1, 2))
+    return jax.vmap(one)(params, finals, paths)
 
 
 def imagine(
@@ -174,17 +234,19 @@ def imagine(
 
         def member_roll(member, s):
             def body(o, a):
-                return dyn_step(member, o, a, velocities), None
+                nxt = dyn_step(member, o, a, velocities)
+                return nxt, nxt[:, 0:2]
 
-            out, _ = jax.lax.scan(body, s, acts.T)
-            return out
+            return jax.lax.scan(body, s, acts.T)
 
-        states = jax.vmap(member_roll)(wm_params, states)
-        return states, (mean_obs, acts, logp)
+        states, pusher = jax.vmap(member_roll)(wm_params, states)  # pusher [M, H, N, 2]
+        return states, (mean_obs, acts, logp, pusher)
 
-    finals, (obs, acts, logp) = jax.lax.scan(chunk_body, states0, jax.random.split(key, num_chunks))
-    mu, logvar = score_finals(wm_params, obs0, finals, task_idx, push_distance)
+    keys = jax.random.split(key, num_chunks)
+    finals, (obs, acts, logp, pusher) = jax.lax.scan(chunk_body, states0, keys)
     n = obs0.shape[0]
+    paths = pusher.transpose(1, 3, 0, 2, 4).reshape(m, n, episode_len, 2)  # [M, N, T, 2]
+    mu, logvar = score_finals(wm_params, obs0, finals, task_idx, push_distance, paths)
     return {
         "obs": obs.transpose(1, 0, 2),
         "actions": acts.transpose(1, 0, 2).reshape(n, -1),
@@ -213,10 +275,13 @@ def wm_loss(params, batch, velocities, push_distance):
         dyn = errs.mean()
 
         def body(o, a):
-            return dyn_step(jax.lax.stop_gradient(member), o, a, velocities), None
+            nxt = dyn_step(jax.lax.stop_gradient(member), o, a, velocities)
+            return nxt, nxt[:, 0:2]
 
-        final, _ = jax.lax.scan(body, b["ep_obs0"], b["ep_actions"].T)
-        feats = head_features(b["ep_obs0"], final, b["ep_task"], push_distance)
+        final, path = jax.lax.scan(body, b["ep_obs0"], b["ep_actions"].T)
+        path = path.transpose(1, 0, 2)
+        kind = head_kind(member)
+        feats = head_features(b["ep_obs0"], final, b["ep_task"], push_distance, path, kind)
         mu, logvar, progress, logit = head(member, feats)
         y = b["ep_success"]
         bce = jnp.mean(optax.sigmoid_binary_cross_entropy(logit, y))
