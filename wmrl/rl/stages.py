@@ -49,6 +49,8 @@ def _fingerprint(config, stage: str) -> dict:
     for field in STAGE_FIELDS[stage]:
         node = config_field(config, field)
         out[field] = json.loads(json.dumps(node.to_dict() if hasattr(node, "to_dict") else node))
+    if config.env.turns > 1:  # multi-turn stages train on episodes; single-turn ones as before
+        out["env.turns"] = config.env.turns
     return out
 
 
