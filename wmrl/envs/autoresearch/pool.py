@@ -35,6 +35,7 @@ from pathlib import Path
 
 from wmrl.envs.autoresearch import cgroups, linux, sandbox
 from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
+from wmrl.envs.autoresearch.observation import error_type_of
 from wmrl.envs.autoresearch.sandbox import Limits
 from wmrl.envs.autoresearch.task import Task
 
@@ -56,6 +57,8 @@ class ExecutionResult:
     isolation: str
     detail: str = ""
     attempts: int = 1
+    validation: float | None = None  # the raw metric on an episode task's validation rows
+    error_type: str = "none"  # a RUNTIME_ERROR's exception class (observation.ERROR_TYPES)
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -586,4 +589,7 @@ class SandboxPool:
             stderr_tail=raw["stderr_tail"][-TAIL_CHARS:],
             isolation=raw["isolation"],
             detail=detail,
+            error_type=error_type_of(
+                raw["stderr_tail"], status, oom_killed=bool(raw.get("oom_killed"))
+            ),
         )
