@@ -473,3 +473,22 @@ def test_node_removed_mid_batch_completes_elsewhere(cluster, ray_pool, task):
     assert lost not in pool.alive_nodes()
     assert pool.free_slots() == 1  # the lost node's slot is gone
     assert pool.run(task, GOOD_SCRIPT).status == Status.VALID
+
+
+def test_episode_results_carry_validation_and_error_type_through_ray(
+    ray_pool, task, tmp_path_factory
+):
+    """A multi-turn episode task travels to the nodes whole (its validation labels too) and
+    its results come back with the validation metric and the error type the local pool
+    gives."""
+    from wmrl.envs.autoresearch.episode import make_episode_task
+
+    episode = make_episode_task(task, tmp_path_factory.mktemp("episodes"))
+    scripts = [GOOD_SCRIPT, GOOD_SCRIPT.replace('tr["label"]', 'tr["Label"]')]
+    ray_results = [f.result() for f in ray_pool.submit_batch([(episode, s) for s in scripts])]
+    with SandboxPool(1, startup_check=False, **LIMITS) as local:
+        local_results = [local.run(episode, s) for s in scripts]
+    key = lambda r: (r.status, r.score, r.reward, r.validation, r.error_type)
+    assert [key(r) for r in ray_results] == [key(r) for r in local_results]
+    assert ray_results[0].status == Status.VALID and ray_results[0].validation is not None
+    assert (ray_results[1].status, ray_results[1].error_type) == (Status.RUNTIME_ERROR, "KeyError")

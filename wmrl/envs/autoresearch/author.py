@@ -15,6 +15,11 @@ Mistakes (each a thing people really do):
     wrong_format       forgets the id column or the header          -> INVALID_SUBMISSION
     no_write           forgets to write the submission              -> NO_SUBMISSION
     too_slow           a huge model / grid search                   -> TIMEOUT on tight limits
+
+Multi-turn episodes (``write_episodes``, executed by ``multiturn_corpus``): a fix episode
+starts from one of these mistakes (``fixable_mistakes``: not too_slow) and corrects it in
+turn 2; an improve episode starts from a good script with a weak model and proposes
+stronger ones.
 """
 
 from __future__ import annotations
@@ -350,4 +355,107 @@ def write_scripts(info: TaskInfo, n: int, seed: int, mistake_rate: float = 0.3) 
     for _ in range(n):
         spec = sample_spec(info, rng, mistake_rate)
         out.append((spec, render(info, spec)))
+    return out
+
+
+# -- multi-turn episodes (warm start of the multi-turn policy) ---------------------------------
+
+# Mistakes a fix episode starts from: those that fail wherever they are made (no_imputation and
+# no_encoding only where the task has missing values / string columns). too_slow is left out:
+# it costs a task's whole time limit per execution and may not time out at all.
+FIXABLE_MISTAKES = ("syntax_slip", "wrong_column", "wrong_format", "no_write")
+WEAK_MODELS = ("dummy", "linear", "knn", "tree", "naive_bayes", "lasso")
+STRONG_MODELS = ("forest", "hgb", "extra_trees", "gb")
+EPISODE_KINDS = ("fix", "improve")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodePlan:
+    """What the author writes for one multi-turn episode, before anything is executed.
+
+    ``fix``: turn 1 has one controlled mistake, turn 2 is the same script corrected (the
+    smallest change that removes the mistake), later turns are improvement candidates.
+    ``improve``: turn 1 is a good script with a weak model, every later turn a candidate with
+    a stronger model on the same preprocessing. A candidate that does not beat the best
+    validation score so far is replaced by that best script when the episode is executed
+    (``multiturn_corpus.execute_episodes``): later turns keep or improve a good script.
+    """
+
+    kind: str
+    specs: tuple[ScriptSpec, ...]  # turn 1 first; turn t > 1: the candidate for that turn
+
+    @property
+    def mistake(self) -> str | None:
+        return self.specs[0].mistake
+
+
+def fixable_mistakes(info: TaskInfo) -> list[str]:
+    """The mistakes of ``FIXABLE_MISTAKES`` (plus the data-dependent ones) that fail on a task
+    described by ``info``."""
+    out = list(FIXABLE_MISTAKES)
+    if info.has_missing:
+        out.append("no_imputation")
+    if info.has_categorical:
+        out.append("no_encoding")
+    return out
+
+
+def corrected(spec: ScriptSpec) -> ScriptSpec:
+    """``spec`` with its mistake removed (and what the mistake switched off switched on)."""
+    fixed = dataclasses.replace(spec, mistake=None)
+    if spec.mistake == "no_imputation":
+        fixed = dataclasses.replace(fixed, impute=True)
+    if spec.mistake == "no_encoding":
+        fixed = dataclasses.replace(fixed, encode="onehot")
+    return fixed
+
+
+def _with_model(info: TaskInfo, spec: ScriptSpec, names, rng: random.Random) -> ScriptSpec:
+    offered = [m for m in names if m in models_for(info.task_type)]
+    model = rng.choice(offered)
+    params = {p: rng.choice(_PARAM_CHOICES[p]) for p in _MODEL_PARAMS[model]}
+    if model in ("forest", "extra_trees", "gb"):
+        params["trees"] = min(params.get("trees", 100), 100)  # stays well inside time limits
+    if model == "hgb":
+        params["iters"] = min(params.get("iters", 100), 100)
+    return dataclasses.replace(spec, model=model, params=params, mistake=None)
+
+
+def plan_episode(
+    info: TaskInfo, rng: random.Random, turns: int = 2, fix_fraction: float = 0.6
+) -> EpisodePlan:
+    """One episode of ``turns`` turns (>= 2), a fix episode with probability
+    ``fix_fraction``."""
+    if turns < 2:
+        raise ValueError(f"a multi-turn episode needs turns >= 2, got {turns}")
+    base = sample_spec(info, rng, mistake_rate=0.0)
+    if rng.random() < fix_fraction:
+        mistake = rng.choice(fixable_mistakes(info))
+        first = dataclasses.replace(base, mistake=mistake)
+        if mistake == "no_imputation":
+            first = dataclasses.replace(first, impute=False)
+            if first.model == "hgb":  # HistGradientBoosting handles NaN: no failure to fix
+                first = _with_model(info, first, ("forest", "linear"), rng)
+                first = dataclasses.replace(first, mistake=mistake)
+        if mistake == "no_encoding":
+            first = dataclasses.replace(first, encode="none")
+        specs = [first, corrected(first)]
+        kind = "fix"
+    else:
+        specs = [_with_model(info, base, WEAK_MODELS, rng)]
+        kind = "improve"
+    while len(specs) < turns:
+        specs.append(_with_model(info, corrected(specs[-1]), STRONG_MODELS, rng))
+    return EpisodePlan(kind, tuple(specs))
+
+
+def write_episodes(
+    info: TaskInfo, n: int, seed: int, turns: int = 2, fix_fraction: float = 0.6
+) -> list[tuple[EpisodePlan, tuple[str, ...]]]:
+    """``n`` (plan, turn sources) pairs for one task, reproducible from ``seed``."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        plan = plan_episode(info, rng, turns, fix_fraction)
+        out.append((plan, tuple(render(info, s) for s in plan.specs)))
     return out

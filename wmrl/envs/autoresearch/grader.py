@@ -145,6 +145,7 @@ class Grade:
     percentile: float | None
     reward: float
     detail: str
+    validation: float | None = None  # the raw metric on an episode task's validation rows
 
 
 # A plain ASCII decimal number: float() would also take "١" (Arabic-Indic one), "1_0" and
@@ -214,11 +215,25 @@ def _read_submission(task: Task, path: Path, n_rows: int) -> pd.DataFrame | Grad
 
 
 def grade_submission(task: Task, submission_path: str | Path) -> Grade:
-    """Validate a submission file against the task's hidden labels and score it."""
+    """Validate a submission file against the task's hidden labels and score it.
+
+    On an episode task (``task.has_validation_split``, built by
+    ``episode.make_episode_task``) test.csv holds the test rows and the validation rows under
+    opaque ids: the submission must cover all of them (it is one row per test.csv row, as
+    always), the status, score, percentile and reward come from the test rows alone, exactly
+    as a single-turn grade of those predictions, and ``Grade.validation`` is the raw metric on
+    the validation rows (None where it is undefined, e.g. a one-class AUC). A predicted class
+    is known if it appears in train.csv or the validation labels: the test labels are not
+    consulted for validity, so nothing about them can reach the agent's observation."""
     path = Path(submission_path)
     if not path.is_file():
         return Grade(Status.NO_SUBMISSION, None, None, reward(Status.NO_SUBMISSION), "no file")
     labels = _read_str_csv(task.labels_path, None)
+    n_test = len(labels)
+    validation = None
+    if task.has_validation_split:
+        validation = _read_str_csv(task.validation_labels_path, None)
+        labels = pd.concat([labels, validation], ignore_index=True)  # test rows first
     sub = _read_submission(task, path, len(labels))
     if isinstance(sub, Grade):
         return sub
@@ -249,14 +264,23 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
         y_true = labels[task.target].map(_canonical_label).astype(int).to_numpy()
     else:
         y_true = labels[task.target].map(_canonical_label).to_numpy(dtype=object)
-        unknown = set(y_pred) - set(y_true) - _train_classes(task)
+        known = set(y_true[n_test:]) if validation is not None else set(y_true)
+        unknown = set(y_pred) - known - _train_classes(task)
         if unknown:
             return _invalid(f"predictions contain unknown class labels {sorted(unknown)[:5]}")
-    score = metric.fn(y_true, y_pred)
+    score = metric.fn(y_true[:n_test], y_pred[:n_test])
     if not math.isfinite(score):
         return _invalid(f"score is not finite ({score})")
     pct = leaderboard_percentile(score, list(task.reference_scores), metric.higher_is_better)
-    return Grade(Status.VALID, score, pct, reward(Status.VALID, pct), "ok")
+    val_score = None
+    if validation is not None:
+        try:
+            val_score = float(metric.fn(y_true[n_test:], y_pred[n_test:]))
+        except ValueError:  # e.g. roc_auc on a validation split with one class
+            val_score = None
+        if val_score is not None and not math.isfinite(val_score):
+            val_score = None
+    return Grade(Status.VALID, score, pct, reward(Status.VALID, pct), "ok", val_score)
 
 
 def _train_classes(task: Task) -> set[str]:

@@ -554,7 +554,7 @@ class SandboxPool:
         cpu_limit = int(limits.time_limit_s) + 1
         cpu_hit = raw.get("cpu_s") is not None and raw["cpu_s"] >= cpu_limit - 0.05
         sig = raw.get("signal")
-        detail = ""
+        detail, validation = "", None
         if raw.get("oom_killed"):
             status, score, pct = Status.RUNTIME_ERROR, None, None
             detail = "memory limit (a process was OOM-killed in the job cgroup)"
@@ -572,11 +572,12 @@ class SandboxPool:
             elif grade is None:
                 status, score, pct, detail = Status.NO_SUBMISSION, None, None, "no submission"
             else:
-                status, score, pct, detail = (
+                status, score, pct, detail, validation = (
                     grade.status,
                     grade.score,
                     grade.percentile,
                     grade.detail,
+                    grade.validation,
                 )
         return ExecutionResult(
             task_id=task.id,
@@ -589,6 +590,7 @@ class SandboxPool:
             stderr_tail=raw["stderr_tail"][-TAIL_CHARS:],
             isolation=raw["isolation"],
             detail=detail,
+            validation=validation,
             error_type=error_type_of(
                 raw["stderr_tail"], status, oom_killed=bool(raw.get("oom_killed"))
             ),

@@ -7,6 +7,9 @@
     <task>/public/description.md  the card the agent sees
     <task>/private/test_labels.csv  id_column + target; never visible to the agent
     <task>/leaderboard.json       {"metric": ..., "scores": [...], "entries": [...]}
+    <task>/private/validation_labels.csv  only in a multi-turn episode task
+                                  (``episode.make_episode_task``): id_column + target of the
+                                  validation rows mixed into test.csv
 
 ``load_task`` checks all of this and raises ``TaskError`` naming the first
 problem, so a broken user task fails at load time, not inside the pool.
@@ -92,6 +95,18 @@ class Task:
         return self.root / "private" / "test_labels.csv"
 
     @property
+    def validation_labels_path(self) -> Path:
+        """An episode task's validation labels (``episode.make_episode_task``), keyed by the
+        opaque ids of test.csv; never visible to the agent."""
+        return self.root / "private" / "validation_labels.csv"
+
+    @property
+    def has_validation_split(self) -> bool:
+        """An episode task: its test.csv also holds validation rows, graded for the
+        observation only (``grader.grade_submission``)."""
+        return self.validation_labels_path.is_file()
+
+    @property
     def card(self) -> str:
         return (self.public_dir / "description.md").read_text()
 
@@ -159,6 +174,13 @@ def load_task(root: str | os.PathLike) -> Task:
             f"task {root.name}: private/test_labels.csv must have columns "
             f"[{id_col}, {target}], has {label_cols}"
         )
+    if (root / "private/validation_labels.csv").is_file():
+        val_cols = _read_header(root / "private/validation_labels.csv")
+        if val_cols[:2] != [id_col, target]:
+            raise TaskError(
+                f"task {root.name}: private/validation_labels.csv must have columns "
+                f"[{id_col}, {target}], has {val_cols}"
+            )
     try:
         board = json.loads((root / "leaderboard.json").read_text())
         scores = tuple(float(s) for s in board["scores"])
