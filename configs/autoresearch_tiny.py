@@ -56,6 +56,9 @@ def get_config() -> ml_collections.ConfigDict:
     # best turn's. K = 1 is the single-turn setting exactly (configs/autoresearch_multiturn.py).
     c.env = ml_collections.ConfigDict()
     c.env.turns = 1
+    # K > 1: executed multi-turn episodes per training task for the warm start (a script with
+    # a controlled mistake, its real observation, the fix; or a good script kept or improved).
+    c.env.sft_episodes_per_task = 4
 
     c.data = ml_collections.ConfigDict()
     c.data.scripts_per_task = 12  # authored scripts executed per task (WM data, SFT)

@@ -97,3 +97,112 @@ def test_trajectory_reward_is_the_best_turn_and_by_turn_curves():
 
 def read_jsonl(path):
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+# -- K = 2 -------------------------------------------------------------------------------
+
+MULTITURN = {"env__turns": 2, "data__max_prompt_len": 400, "env__sft_episodes_per_task": 2}
+
+
+@pytest.fixture(scope="module")
+def mt_shared(rl_shared, tmp_path_factory):
+    """The tiny setting's data stage (shared with the single-turn tests: the suite and the
+    corpus) and the K = 2 stages of this module (warm start and WM pretraining)."""
+    data_dir, _ = rl_shared
+    return data_dir, tmp_path_factory.mktemp("mt_init")
+
+
+def mt_config(mt_shared, **changes):
+    data_dir, init_dir = mt_shared
+    return tiny_config(data_dir, init_dir, **{**MULTITURN, **changes})
+
+
+@pytest.mark.parametrize(
+    "mode", ["real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors"]
+)
+def test_every_mode_runs_two_turn_episodes_end_to_end(mt_shared, tmp_path, mode):
+    from wmrl.rl.experiment import run
+
+    config = mt_config(mt_shared, mode=mode)
+    summary = run(config, tmp_path, progress=False)
+    steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "step"]
+    evals = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["step"] for r in steps] == [1, 2] and len(evals) == 2
+    anchor_groups = 2 if mode == "real" else 1  # of 2; rho = 0.25 rounds to min_groups = 1
+    for r in steps:  # every turn of every anchor episode executed: K * G per anchor group
+        assert r["turns"] == 2
+        assert r["real_executions_step"] == 2 * 2 * anchor_groups
+        assert len(r["anchor_reward_by_turn"]) == 2
+        assert r["anchor_reward_by_turn"][1] >= r["anchor_reward_by_turn"][0]  # best of 2
+    for e in evals:
+        by_turn = e["heldout_reward_by_turn"]
+        assert len(by_turn) == 2 and by_turn[1] >= by_turn[0]
+        assert e["heldout_reward"] == pytest.approx(by_turn[-1])  # best of K
+        assert 0.0 <= e["heldout_improved_fraction"] <= 1.0
+    assert summary["warmstart_heldout_reward_by_turn"] == evals[0]["heldout_reward_by_turn"]
+    assert summary["final_heldout_reward_by_turn"] == evals[-1]["heldout_reward_by_turn"]
+    pairs = read_jsonl(tmp_path / "pairs.jsonl")
+    assert pairs and all(len(p["turn_r_env"]) == 2 for p in pairs)
+    for p in pairs:  # the trajectory's real reward is its best turn's
+        assert p["r_env"] == pytest.approx(max(p["turn_r_env"]))
+    journal = read_jsonl(tmp_path / "anchors.jsonl")
+    assert len(journal) == summary["real_executions"]
+    assert all("runtime_s" in j for j in journal if j["status"] != int(Status.UNGRADED))
+
+
+def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
+    """Every training row's loss mask is zero on its prompt (the card, the earlier script and
+    the observation of turn 1) and one on the agent's own script tokens; the policy loss's
+    gradient with respect to the per-token log-probs is exactly zero on every observation
+    token and not on the script tokens."""
+    import jax.numpy as jnp
+
+    from wmrl.core.grpo import token_policy_loss
+    from wmrl.envs.autoresearch.observation import render_observation
+    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.rl.experiment import prepare_stages
+    from wmrl.rl.multiturn import MultiTurnTrainer
+
+    config = mt_config(mt_shared, mode="wmrl")
+    s = prepare_stages(config, tmp_path, progress=False)
+    pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s)
+    trainer = MultiTurnTrainer(config, s.prepared, s.policy, s.wm, pool, tmp_path)
+    batches = []
+    try:
+        st = trainer.initial_state(s.policy_params, s.wm_params)
+        trainer.warmup(st)
+        step = trainer._policy_step
+        trainer._policy_step = lambda state, batch: (batches.append(batch), step(state, batch))[1]
+        key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
+        k_gen, k_route = jax.random.split(key)
+        from wmrl.rl.step import PhaseClock
+
+        tasks = trainer._tasks_for_step(st.step)
+        ep, _ = trainer.rollout(st, tasks, k_gen, k_route, PhaseClock())
+        st, _, _ = trainer.run_step(st)
+    finally:
+        trainer.journal.close()
+        trainer.eval_journal.close()
+        pool.close()
+    (batch,) = batches
+    P, N = config.data.max_prompt_len, len(ep.scripts[0])
+    assert batch["tokens"].shape[0] == 2 * N  # one row per turn of every episode
+    loss_mask = batch["loss_mask"]
+    assert not loss_mask[:, :P].any()  # the prompts: no loss
+    np.testing.assert_array_equal(loss_mask[:, P:], batch["input_mask"][:, P:])
+    tok = trainer.tok
+    for i in range(N):  # turn 2's prompt holds turn 1's observation, in the masked columns
+        row = batch["tokens"][N + i]
+        prompt = tok.decode(row[:P][batch["input_mask"][N + i, :P]])
+        task = trainer.episode_tasks[tasks[i // config.rl.group_size].id]
+        obs_text = render_observation(ep.observations[0][i], task.metric_name)
+        assert f"### TURN 1 RESULT\n{obs_text}" in prompt, prompt[-300:]
+    grad = jax.grad(
+        lambda lp: token_policy_loss(
+            lp, jnp.asarray(batch["old_logp"]), jnp.asarray(batch["ref_logp"]),
+            jnp.asarray(batch["advantages"]), jnp.asarray(loss_mask), kl_coef=0.05,
+        )[0]
+    )(jnp.asarray(batch["old_logp"]) + 0.01)  # fmt: skip
+    grad = np.asarray(grad)
+    assert (grad[:, :P] == 0).all()
+    assert np.abs(grad[:, P:][loss_mask[:, P:] > 0]).max() > 0

@@ -59,15 +59,11 @@ class AnchorJournal:
         rec = self.done.get((step, row))
         return rec if rec is not None and rec["sha"] == _sha(script) else None
 
-    def record(
-        self, step: int, row: int, script: str, task_id: str, status: int, reward, **extra
-    ) -> dict:
-        """Journal one completed execution; `extra` (JSON) is stored with it (a multi-turn
-        turn's observation, so a redone step rebuilds the next prompt without executing)."""
+    def record(self, step: int, row: int, script: str, task_id: str, status: int, reward) -> dict:
         if reward is not None and math.isnan(reward):
             reward = None
         rec = {"step": step, "row": row, "sha": _sha(script), "task_id": task_id,
-               "status": int(status), "reward": reward, **extra}  # fmt: skip
+               "status": int(status), "reward": reward}  # fmt: skip
         self._w.write([rec])
         self.done[(step, row)] = rec
         return rec

@@ -45,7 +45,7 @@ RESUMABLE_FIELDS = (
 
 # Fields added to the schema after runs were saved without them, with the value that saved
 # run had in effect: a workdir or stage saved before `env.turns` existed was single-turn.
-FIELDS_ADDED_SINCE = {"env.turns": 1}
+FIELDS_ADDED_SINCE = {"env.turns": 1, "env.sft_episodes_per_task": 4}
 
 
 def load_config_file(path: str | Path, *args):
@@ -261,6 +261,7 @@ def _check_turns(config) -> None:
         raise ConfigError(
             "config.env.turns", f"must be an integer >= 1 (scripts per episode), got {turns!r}"
         )
+    _positive(config, "env.sft_episodes_per_task", 0)
     need = min_prompt_len(config.data.max_new_tokens)
     if turns > 1 and config.data.max_prompt_len < need:
         raise ConfigError(

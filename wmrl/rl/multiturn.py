@@ -141,6 +141,14 @@ def observations_from_arrays(a: dict[str, np.ndarray]) -> list[Observation]:
     ]  # fmt: skip
 
 
+def journalled_observation(rec: dict) -> Observation:
+    """The observation of a journalled real turn (its status and observation fields)."""
+    return make_observation(
+        rec["status"], rec.get("error_type", "none"), rec.get("runtime_s", 0.0),
+        rec.get("validation"),
+    )  # fmt: skip
+
+
 @dataclasses.dataclass
 class _Execution:
     """Real turns handed to the pool: this process's positions k -> future or journal record."""
@@ -165,14 +173,7 @@ class MultiTurnTrainer(Trainer):
         # holding the test rows (the reward) and the validation rows. The agent's card is the
         # episode task's (its row counts).
         # K = 1 (the single-turn trainer's equivalence test) keeps the single-turn tasks.
-        if self.K > 1:
-            from wmrl.envs.autoresearch.episode import make_episode_task
-            from wmrl.rl.experiment import data_dir
-
-            root = data_dir(config, workdir) / "episodes"
-            self.episode_tasks = {t.id: make_episode_task(t, root) for t in tasks}
-        else:
-            self.episode_tasks = {t.id: t for t in tasks}
+        self.episode_tasks = prepared.episode_tasks if self.K > 1 else {t.id: t for t in tasks}
         ep_text = {t.id: rldata.prompt_text(self.episode_tasks[t.id]) for t in tasks}
         self.prompts = {i: pretrained.prompt(config, text) for i, text in ep_text.items()}
         self.cards = {i: history.card_of(text) for i, text in ep_text.items()}
@@ -251,12 +252,13 @@ class MultiTurnTrainer(Trainer):
             if not isinstance(item, dict):
                 res = item.result()
                 reward = None if math.isnan(res.reward) else res.reward
+                obs = observation_of(res)
                 item = journal.record(
                     ex.step, int(ex.rows[k]), ex.scripts[k], ex.tasks[k].id, res.status, reward,
-                    obs=observation_of(res).to_json(),
+                    runtime_s=obs.runtime_s, error_type=obs.error_type, validation=obs.validation,
                 )  # fmt: skip
                 new += 1
-            obs = observation_arrays([Observation.from_json(item["obs"])])
+            obs = observation_arrays([journalled_observation(item)])
             for name, v in obs.items():
                 out[name][k] = v[0]
             out["reward"][k] = np.nan if item["reward"] is None else item["reward"]

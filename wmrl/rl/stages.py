@@ -23,7 +23,7 @@ from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
 from wmrl.core.stats import interval_ece, spearman
 from wmrl.rl import data as rldata
-from wmrl.rl import models
+from wmrl.rl import models, pretrained
 from wmrl.rl.config import config_differences, config_field
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
@@ -50,7 +50,7 @@ def _fingerprint(config, stage: str) -> dict:
         node = config_field(config, field)
         out[field] = json.loads(json.dumps(node.to_dict() if hasattr(node, "to_dict") else node))
     if config.env.turns > 1:  # multi-turn stages train on episodes; single-turn ones as before
-        out["env.turns"] = config.env.turns
+        out["env"] = config.env.to_dict()
     return out
 
 
@@ -97,8 +97,17 @@ def load_params(stage_dir: epath.Path, like):
 
 
 def sft_rows(config, prepared: rldata.Prepared) -> dict:
-    """SFT examples (training tasks only) that fit the context; see `data.sft_documents`."""
-    docs = rldata.sft_documents(config, prepared.train_tasks)
+    """SFT examples (training tasks only) that fit the context; see `data.sft_documents`.
+    Multi-turn (env.turns > 1): also every turn of the executed SFT episodes, prompted with
+    their real history (`data.episode_documents`), so the policy learns to read an
+    observation and fix or keep its script."""
+    docs = rldata.sft_documents(config, prepared.train_tasks, prepared.episode_tasks)
+    if config.env.turns > 1:
+        tok, width = prepared.tokenizer, config.data.max_prompt_len
+        fits = lambda text: len(tok.encode(pretrained.prompt(config, text), add_bos=True)) <= width
+        docs += rldata.episode_documents(
+            config, prepared.episodes, prepared.episode_tasks, fits
+        )  # fmt: skip
     rows = rldata.encode_trajectories(
         prepared.tokenizer, [p for p, _ in docs], [s for _, s in docs],
         config.data.max_prompt_len, config.data.max_new_tokens,
