@@ -99,6 +99,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.wm.batch_size = 16
     c.wm.learning_rate = 1e-3
     c.wm.rank_coef = 0.0  # within-task pairwise ranking loss beside the NLL (0 = NLL only)
+    # Runtime head (censored log-runtime NLL, this weight; 0 = no head): the WM score becomes
+    # (1 - P(timeout)) * reward head + P(timeout) * TIMEOUT's reward, P(timeout) under the
+    # script's time limit (the task's, capped by suite.time_limit_s). docs/results.md.
+    c.wm.runtime_coef = 0.5
     c.wm.trunk_from_policy = False  # WM trunk = the warm-started policy's (its width, weights)
     c.wm.validation_every = 0  # k > 0: every k-th script of a train task is held out (report)
     c.wm.group_rows = 1  # pretraining batches of tasks x this many of their scripts (1 = rows)

@@ -102,3 +102,67 @@ def test_checkpoint_of_another_layout_is_refused_with_a_message(tmp_path):
     assert "new --workdir" in str(e.value)
     assert (tmp_path / "checkpoints" / "4").is_dir()
     assert not (tmp_path / "checkpoints_corrupt").exists()
+
+
+def test_checkpoint_without_the_observation_arrays_resumes_with_them_from_the_template(tmp_path):
+    """A checkpoint written before the replay carried observation targets and the WM had a
+    runtime head (no `replay/runtime`, ..., no `wm/.../runtime_w1`) resumes: every array it
+    has is restored, the new ones come from the template (unknown targets, fresh head)."""
+    st = small_state()
+    head = {"runtime_w1": jnp.full((4, 2), 3.0), "runtime_b2": jnp.full((2,), 5.0)}
+    new = st.replace(wm={"params": {**st.wm["params"], **head},
+                         "mu": {"v": jnp.ones(4), **head}})  # fmt: skip
+    fields = lambda x: {k: getattr(x, k) for k in x.__dataclass_fields__}
+    old_replay = {k: v for k, v in fields(st.replay).items()
+                  if k not in ("runtime", "error_type", "validation")}  # fmt: skip
+    old_tree = {
+        "policy": st.policy, "ref_params": st.ref_params,
+        "wm": {"params": st.wm["params"], "mu": {"v": jnp.ones(4)}},
+        "correction": st.correction, "replay": old_replay, "pending": st.pending, "rng": st.rng,
+    }  # fmt: skip
+    mgr = ocp.CheckpointManager(tmp_path / "checkpoints")
+    mgr.save(st.step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(old_tree), meta=ocp.args.JsonSave(st.counters())))  # fmt: skip
+    mgr.wait_until_finished()
+    mgr.close()
+    like = fresh_like(new)
+    like = like.replace(
+        replay=Replay.empty(4, 5),
+        wm={"params": {"v": jnp.zeros(4), **head}, "mu": {"v": jnp.zeros(4), **head}},
+    )
+    ckpt = Checkpointer(tmp_path, keep=2)
+    back = ckpt.restore_latest(like)
+    ckpt.close()
+    assert back.step == st.step and int(back.replay.count) == 2
+    np.testing.assert_array_equal(back.replay.tokens, st.replay.tokens)
+    np.testing.assert_array_equal(back.replay.target, st.replay.target)
+    assert np.isnan(back.replay.runtime).all() and (back.replay.error_type == -1).all()
+    np.testing.assert_array_equal(back.wm["params"]["v"], st.wm["params"]["v"])
+    np.testing.assert_array_equal(back.wm["mu"]["v"], np.ones(4))
+    np.testing.assert_array_equal(back.wm["params"]["runtime_w1"], np.full((4, 2), 3.0))
+    np.testing.assert_array_equal(back.policy["opt"]["mu"], np.ones((3, 2)))
+    # New training after the resume adds known runtimes into the restored buffer.
+    rp = back.replay.add(
+        {"tokens": np.ones((1, 5), np.int32), "input_mask": np.ones((1, 5), bool)},
+        np.array([0.7], np.float32), np.array([int(Status.VALID)], np.int32),
+        runtime=np.array([1.5], np.float32),
+    )  # fmt: skip
+    assert int(rp.count) == 3 and rp.runtime[2] == np.float32(1.5)
+
+
+def test_checkpoint_missing_an_array_that_is_not_new_is_still_refused(tmp_path):
+    st = small_state()
+    fields = lambda x: {k: getattr(x, k) for k in x.__dataclass_fields__}
+    tree = {"policy": st.policy, "ref_params": st.ref_params, "wm": st.wm,
+            "correction": st.correction,
+            "replay": {k: v for k, v in fields(st.replay).items() if k != "target"},
+            "pending": st.pending, "rng": st.rng}  # fmt: skip
+    mgr = ocp.CheckpointManager(tmp_path / "checkpoints")
+    mgr.save(4, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(tree), meta=ocp.args.JsonSave(st.counters())))  # fmt: skip
+    mgr.wait_until_finished()
+    mgr.close()
+    ckpt = Checkpointer(tmp_path, keep=2)
+    with pytest.raises(ConfigError, match=r"missing: replay/target"):
+        ckpt.restore_latest(fresh_like(st))
+    ckpt.close()

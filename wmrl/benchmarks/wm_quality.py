@@ -12,8 +12,11 @@ config fields differ.
     python -m wmrl.benchmarks.wm_quality --workdir=DIR [--data_dir=DIR/data] \
         [--variants=nll,rank] [--out=FILE.json]
 
-Variants (`VARIANTS`): `nll` (Gaussian NLL + class CE on uniformly drawn rows, the default
-config), `rank` (+ the within-task pairwise ranking loss on batches of 4 tasks x 4 scripts),
+Variants (`VARIANTS`): `nll` (Gaussian NLL + class CE on uniformly drawn rows, no runtime
+head), `runtime` (+ the runtime head, `wm.runtime_coef=0.5`: the score is time-out aware under
+each script's own time limit; also reports the runtime head's Spearman/Pearson vs the real log
+runtime and the timeout AUC), `rank` (+ the within-task pairwise ranking loss on batches of
+4 tasks x 4 scripts),
 `rank_only_grouped` (grouped batches, no ranking loss: separates the two changes),
 `policy_trunk` (the WM trunk is the warm-started policy: its width and weights; the warm
 start is trained once, into `workdir/warmstart`), `policy_trunk_rank` (both).
@@ -32,13 +35,17 @@ from wmrl.benchmarks.common import machine
 from wmrl.rl import data as rldata
 from wmrl.rl import models, stages
 
+NO_RT = {"wm.runtime_coef": 0.0}
 VARIANTS = {
-    "nll": {},
-    "rank": {"wm.rank_coef": 1.0, "wm.group_rows": 4},
-    "rank_only_grouped": {"wm.group_rows": 4},
-    "policy_trunk": {"wm.trunk_from_policy": True},
-    "policy_trunk_rank": {"wm.trunk_from_policy": True, "wm.rank_coef": 1.0, "wm.group_rows": 4},
-}
+    "nll": NO_RT,
+    "runtime": {"wm.runtime_coef": 0.5},
+    "rank": {**NO_RT, "wm.rank_coef": 1.0, "wm.group_rows": 4},
+    "rank_only_grouped": {**NO_RT, "wm.group_rows": 4},
+    "policy_trunk": {**NO_RT, "wm.trunk_from_policy": True},
+    "policy_trunk_rank": {**NO_RT, "wm.trunk_from_policy": True, "wm.rank_coef": 1.0,
+                          "wm.group_rows": 4},
+}  # fmt: skip
+RUNTIME_FIGURES = ("runtime_spearman", "runtime_pearson", "timeout_auc", "timeouts")
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/autoresearch_tiny.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (one sub-folder per variant).")
@@ -70,7 +77,17 @@ def run_variant(config, prepared, workdir: Path, name: str) -> dict:
     t0 = time.monotonic()
     _, report = stages.pretrain_wm(config, prepared, wm, stage_dir, progress=True)
     held, train, val = report["heldout"], report.get("train", {}), report.get("validation", {})
+    runtime = {}
+    if "timeout_auc" in val or "timeout_auc" in held:
+        raw = lambda r: r.get("within_task_spearman_raw", {}).get("mean")
+        runtime = {
+            "validation_within_task_spearman_raw": raw(val),
+            "heldout_within_task_spearman_raw": raw(held),
+            **{f"validation_{k}": val.get(k) for k in RUNTIME_FIGURES},
+            **{f"heldout_{k}": held.get(k) for k in RUNTIME_FIGURES},
+        }
     return {
+        **runtime,
         "validation_within_task_spearman": val.get("within_task_spearman", {}).get("mean"),
         "validation_tasks": val.get("within_task_spearman", {}).get("tasks"),
         "validation_spearman": val.get("spearman"),
@@ -110,6 +127,10 @@ def main(argv):
     for name, r in results.items():
         cells = ["-" if r[k] is None else f"{r[k]:.3f}" for k in cols]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    for name, r in results.items():
+        figures = {k: v for k, v in r.items() if "runtime" in k or "timeout" in k or "raw" in k}
+        if figures:
+            print(f"{name} runtime head: " + json.dumps(figures))
     if _OUT.value:
         Path(_OUT.value).write_text(
             json.dumps({"machine": machine(), "variants": VARIANTS, "results": results}, indent=2)

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
@@ -233,14 +234,15 @@ def make_policy_train_step(
 
 def make_wm_train_step(
     graphdef, tx, shardings, example_batch, mesh, class_coef=1.0, num_micro_batches=1,
-    rank_coef=0.0,
+    rank_coef=0.0, runtime_coef=0.0,
 ):  # fmt: skip
     """`wm_train_step(state, batch) -> (state, metrics)`: bootstrap-weighted Gaussian NLL per
-    ensemble member + class cross-entropy (+ the within-group ranking loss with `rank_coef`;
-    see `wmrl.models.world_model.wm_loss`)."""
+    ensemble member + class cross-entropy (+ the within-group ranking loss with `rank_coef`,
+    + the runtime head's censored NLL with `runtime_coef`; see
+    `wmrl.models.world_model.wm_loss`)."""
     return make_train_step(
-        graphdef, tx, wm_loss_fn(class_coef, rank_coef), wm_normalisers, shardings,
-        example_batch, mesh, num_micro_batches,
+        graphdef, tx, wm_loss_fn(class_coef, rank_coef, runtime_coef), wm_normalisers,
+        shardings, example_batch, mesh, num_micro_batches,
     )  # fmt: skip
 
 
@@ -266,19 +268,32 @@ def make_logprobs_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh, start:
 
 
 def make_wm_score_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
-    """Jitted `(params, tokens, input_mask) -> predict(...)` dict of `[B]` arrays (WM score,
-    score_var, epistemic/aleatoric/predictive variances) with the train state's shardings."""
+    """Jitted `(params, tokens, input_mask, time_limit_s=None) -> predict(...)` dict of `[B]`
+    arrays (WM score, score_var, epistemic/aleatoric/predictive variances; with a runtime head
+    also `runtime_s`, `p_timeout` and `score_raw`, the score then accounting for a time-out
+    under the rows' `time_limit_s` [B], None = no limit) with the train state's shardings.
+    With `outputs=True` the raw head outputs (`class_logits`, ...) come back too, under
+    `outputs`."""
 
-    def fn(params, tokens, input_mask):
-        return predict(nnx.merge(graphdef, params)(tokens, input_mask))
+    def fn(params, tokens, input_mask, time_limit_s):
+        model = nnx.merge(graphdef, params)
+        raw = model(tokens, input_mask)
+        out = predict(raw, time_limit_s, model.cfg.timeout_reward)
+        return out, raw
 
-    data = batch_sharding(mesh, 2)
-    jitted = jax.jit(fn, in_shardings=(shardings.params, data, data))
+    data, rows = batch_sharding(mesh, 2), batch_sharding(mesh, 1)
+    jitted = jax.jit(fn, in_shardings=(shardings.params, data, data, rows))
 
-    def score(params, tokens, input_mask):
-        tokens, input_mask = host_to_global((tokens, input_mask), (data, data))
+    def score(params, tokens, input_mask, time_limit_s=None, outputs=False):
+        if time_limit_s is None:
+            time_limit_s = np.full(np.shape(tokens)[0], np.inf, np.float32)
+        time_limit_s = np.asarray(time_limit_s, np.float32)
+        tokens, input_mask, time_limit_s = host_to_global(
+            (tokens, input_mask, time_limit_s), (data, data, rows)
+        )
         with jax.set_mesh(mesh):
-            return jitted(params, tokens, input_mask)
+            out, raw = jitted(params, tokens, input_mask, time_limit_s)
+        return {**out, "outputs": raw} if outputs else out
 
     score.jitted = jitted
     return score

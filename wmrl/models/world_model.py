@@ -15,6 +15,17 @@ Variances, and which one to use where:
   variance of the *outcome* (aleatoric + epistemic); the calibration metric
   checks intervals built from it, because intervals around a real outcome must
   include the outcome noise that the fused score variance averages away.
+
+Runtime head (`runtime_head=True`): one MLP on the pooled state predicting the mean and
+log-variance of the script's log runtime (seconds), a censored Gaussian: a timed-out script's
+runtime is only known to exceed what was observed, so its term is `-log P(y > y_obs)` (a Tobit
+likelihood). Given the time limit the script will run under, `predict` turns it into
+`p_timeout = P(log runtime > log limit)` and the WM score into the expected reward of the
+mixture `(1 - p_timeout) * score + p_timeout * timeout_reward`: the reward head is then fitted
+on the scripts that did not time out (E[r | the script finishes]), so a script the WM thinks
+times out cannot get a high predicted score. The limit is an input (the RL run's cap may be
+below the limit the corpus was executed under: a 30 s script that was VALID in the corpus
+times out under a 20 s cap).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.scipy.special import log_ndtr, ndtr
 
 from wmrl.core.denoise import fuse_ensemble
 from wmrl.core.stats import interval_ece, spearman
@@ -34,7 +46,9 @@ from wmrl.models.transformer import Transformer, causal_padding_mask, positions_
 
 @dataclasses.dataclass(frozen=True)
 class WorldModelConfig:
-    """`num_classes=0` drops the class head; `head_hidden=0` means `trunk.d_model`."""
+    """`num_classes=0` drops the class head; `head_hidden=0` means `trunk.d_model`;
+    `runtime_head` adds the censored log-runtime head (its score adjustment gives a timed-out
+    script `timeout_reward`)."""
 
     trunk: TransformerConfig
     num_members: int = 5
@@ -42,6 +56,8 @@ class WorldModelConfig:
     head_hidden: int = 0
     min_log_var: float = -10.0
     max_log_var: float = 4.0
+    runtime_head: bool = False
+    timeout_reward: float = 0.1
 
     def __post_init__(self):
         if self.num_members < 1:
@@ -80,9 +96,15 @@ class WorldModel(nnx.Module):
             if cfg.num_classes
             else None
         )
+        if cfg.runtime_head:  # [D] -> (mean, raw log-variance) of log runtime (s)
+            self.runtime_w1 = nnx.Param(normal((D, Hh), D**-0.5), logical_axes=("embed", "mlp"))
+            self.runtime_b1 = nnx.Param(jnp.zeros((Hh,), pd), logical_axes=("mlp",))
+            self.runtime_w2 = nnx.Param(normal((Hh, 2), Hh**-0.5), logical_axes=("mlp", None))
+            self.runtime_b2 = nnx.Param(jnp.zeros((2,), pd), logical_axes=(None,))
 
     def __call__(self, tokens: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-        """`tokens, mask: [B, T]` -> `mean, log_var: [M, B]` (float32), `class_logits: [B, C]`.
+        """`tokens, mask: [B, T]` -> `mean, log_var: [M, B]` (float32), `class_logits: [B, C]`,
+        with the runtime head `runtime_mean, runtime_log_var: [B]` (log seconds).
 
         The trunk's final states are mean-pooled over real tokens: invariant to
         padding side and length, and every trajectory token feeds the reward.
@@ -93,26 +115,67 @@ class WorldModel(nnx.Module):
         params = [p.get_value().astype(jnp.float32) for p in
                   (self.head_w1, self.head_b1, self.head_w2, self.head_b2)]  # fmt: skip
         mean, raw = jax.vmap(_member, in_axes=(0, 0, 0, 0, None))(*params, pooled)
-        lo, hi = self.cfg.min_log_var, self.cfg.max_log_var
-        log_var = hi - jax.nn.softplus(hi - raw)  # smooth clamp keeps the NLL finite
-        log_var = lo + jax.nn.softplus(log_var - lo)
-        out = {"mean": mean, "log_var": log_var}
+        out = {"mean": mean, "log_var": self._clamp(raw)}
         if self.class_w is not None:
             out["class_logits"] = pooled @ self.class_w.get_value().astype(jnp.float32)
+        if self.cfg.runtime_head:
+            w1, b1, w2, b2 = [p.get_value().astype(jnp.float32) for p in
+                              (self.runtime_w1, self.runtime_b1, self.runtime_w2,
+                               self.runtime_b2)]  # fmt: skip
+            rt_mean, rt_raw = _member(w1, b1, w2, b2, pooled)
+            out["runtime_mean"], out["runtime_log_var"] = rt_mean, self._clamp(rt_raw)
         return out
 
+    def _clamp(self, raw: jax.Array) -> jax.Array:
+        """Smooth clamp of a raw log-variance into [min_log_var, max_log_var] (keeps the NLL
+        finite)."""
+        lo, hi = self.cfg.min_log_var, self.cfg.max_log_var
+        log_var = hi - jax.nn.softplus(hi - raw)
+        return lo + jax.nn.softplus(log_var - lo)
 
-def predict(outputs: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Fuse member outputs (`[M, B]`) into the WM score and its variances (`[B]` each)."""
+
+def timeout_probability(runtime_mean, runtime_log_var, time_limit_s) -> jax.Array:
+    """`P(log runtime > log limit)` under the runtime head's Gaussian; 0 for an infinite
+    limit (no limit)."""
+    z = (jnp.log(time_limit_s) - runtime_mean) * jnp.exp(-0.5 * runtime_log_var)
+    return ndtr(-z)
+
+
+def predict(
+    outputs: dict[str, jax.Array], time_limit_s: jax.Array | None = None, timeout_reward=0.1
+) -> dict[str, jax.Array]:
+    """Fuse member outputs (`[M, B]`) into the WM score and its variances (`[B]` each).
+
+    With the runtime head and `time_limit_s` ([B] seconds; inf = no limit) also
+    `p_timeout`, `runtime_s` (the predicted median runtime) and `score_raw` (the reward
+    head's fused score); `score` is then the mixture `(1 - p) * score_raw + p *
+    timeout_reward` (the variances stay the reward head's)."""
     score, score_var, epistemic = fuse_ensemble(outputs["mean"], outputs["log_var"], axis=0)
     aleatoric = jnp.mean(jnp.exp(outputs["log_var"]), axis=0)
-    return {
+    out = {
         "score": score,
         "score_var": score_var,
         "epistemic_var": epistemic,
         "aleatoric_var": aleatoric,
         "predictive_var": aleatoric + epistemic,
     }
+    if "runtime_mean" in outputs:
+        out["runtime_s"] = jnp.exp(outputs["runtime_mean"])
+        if time_limit_s is not None:
+            p = timeout_probability(
+                outputs["runtime_mean"], outputs["runtime_log_var"], time_limit_s
+            )
+            out["p_timeout"] = p
+            out["score_raw"] = score
+            out["score"] = (1.0 - p) * score + p * timeout_reward
+    return out
+
+
+def censored_gaussian_nll(mean, log_var, target, censored) -> jax.Array:
+    """Gaussian NLL where `censored` is False; where True, `target` is a lower bound (a
+    timed-out run): `-log P(y > target)`."""
+    z = (target - mean) * jnp.exp(-0.5 * log_var)
+    return jnp.where(censored, -log_ndtr(-z), gaussian_nll(mean, log_var, target))
 
 
 def gaussian_nll(mean: jax.Array, log_var: jax.Array, target: jax.Array) -> jax.Array:
@@ -164,19 +227,25 @@ def wm_normalisers(batch: dict) -> dict[str, jax.Array]:
     if "group" in batch:
         pairs = ranked_pairs(batch["target"], batch["group"], batch["graded"])
         out["rank"] = jnp.maximum(jnp.sum(pairs) * batch["member_weights"].shape[1], 1.0)
+    if "runtime_mask" in batch:
+        out["runtime"] = jnp.maximum(jnp.sum(batch["runtime_mask"]), 1.0)
     return out
 
 
 def wm_loss(
-    outputs: dict, batch: dict, normaliser: dict, class_coef: float = 1.0, rank_coef: float = 0.0
-):
+    outputs: dict, batch: dict, normaliser: dict, class_coef: float = 1.0, rank_coef: float = 0.0,
+    runtime_coef: float = 0.0,
+):  # fmt: skip
     """Bootstrap-weighted Gaussian NLL over members + class cross-entropy (+ with `rank_coef`
-    the within-group pairwise ranking loss).
+    the within-group pairwise ranking loss, + with `runtime_coef` the runtime head's censored
+    NLL).
 
     batch: `target: [B]`, `member_weights: [B, M]`, optional `class_label: [B]`
     (int, -1 = no label), optional `group: [B]` (int task index, -1 = none) and `graded: [B]`
-    (bool) for the ranking loss. Returns (loss divided by the global normalisers,
-    metrics as (sum, count) pairs).
+    (bool) for the ranking loss, optional `log_runtime: [B]` (log seconds), `runtime_mask:
+    [B]` (float, 0 = unknown) and `timed_out: [B]` (bool: the runtime is a lower bound) for
+    the runtime head. Returns (loss divided by the global normalisers, metrics as (sum,
+    count) pairs).
     """
     weights = batch["member_weights"].T  # [M, B]
     nll = gaussian_nll(outputs["mean"], outputs["log_var"], batch["target"][None])
@@ -203,15 +272,27 @@ def wm_loss(
         rank_sum, rank_n = pairwise_rank_loss(outputs["mean"], pairs)
         loss = loss + rank_coef * rank_sum / normaliser["rank"]
         metrics["rank"] = (rank_sum, rank_n)
+    if runtime_coef and "runtime_mean" in outputs and "runtime_mask" in batch:
+        rmask = batch["runtime_mask"]
+        nll_rt = censored_gaussian_nll(
+            outputs["runtime_mean"], outputs["runtime_log_var"], batch["log_runtime"],
+            batch["timed_out"],
+        )  # fmt: skip
+        rt_sum = jnp.sum(nll_rt * rmask)
+        loss = loss + runtime_coef * rt_sum / normaliser["runtime"]
+        metrics["runtime_nll"] = (rt_sum, jnp.sum(rmask))
+        done = rmask * (1.0 - batch["timed_out"].astype(jnp.float32))
+        err = jnp.abs(outputs["runtime_mean"] - batch["log_runtime"]) * done
+        metrics["runtime_log_mae"] = (jnp.sum(err), jnp.sum(done))
     return loss, metrics
 
 
-def wm_loss_fn(class_coef: float = 1.0, rank_coef: float = 0.0):
+def wm_loss_fn(class_coef: float = 1.0, rank_coef: float = 0.0, runtime_coef: float = 0.0):
     """Loss function in the `wmrl.models.train_steps.make_train_step` convention."""
 
     def loss_fn(model: WorldModel, mb: dict, normaliser: dict):
         out = model(mb["tokens"], mb["input_mask"])
-        return wm_loss(out, mb, normaliser, class_coef, rank_coef)
+        return wm_loss(out, mb, normaliser, class_coef, rank_coef, runtime_coef)
 
     return loss_fn
 

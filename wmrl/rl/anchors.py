@@ -59,11 +59,18 @@ class AnchorJournal:
         rec = self.done.get((step, row))
         return rec if rec is not None and rec["sha"] == _sha(script) else None
 
-    def record(self, step: int, row: int, script: str, task_id: str, status: int, reward) -> dict:
+    def record(
+        self, step: int, row: int, script: str, task_id: str, status: int, reward,
+        runtime_s: float | None = None,
+    ) -> dict:  # fmt: skip
+        """Journal one outcome; `runtime_s` (the WM's runtime target) is optional, and records
+        of older journals lack it."""
         if reward is not None and math.isnan(reward):
             reward = None
         rec = {"step": step, "row": row, "sha": _sha(script), "task_id": task_id,
                "status": int(status), "reward": reward}  # fmt: skip
+        if runtime_s is not None and math.isfinite(runtime_s):
+            rec["runtime_s"] = float(runtime_s)
         self._w.write([rec])
         self.done[(step, row)] = rec
         return rec
@@ -117,6 +124,7 @@ class Outcomes:
     r_env: np.ndarray  # [n] float32 real rewards (0 where ungraded)
     status: np.ndarray  # [n] int32 grader status
     new: int  # executions not taken from a journal, over all processes
+    runtime_s: np.ndarray | None = None  # [n] float32 seconds, NaN where not journalled
 
 
 class AnchorQueue:
@@ -157,8 +165,9 @@ class AnchorQueue:
             res = item.result()
             reward = None if math.isnan(res.reward) else res.reward
             sub.items[k] = self.journal.record(
-                sub.step, int(sub.rows[k]), sub.scripts[k], sub.tasks[k].id, res.status, reward
-            )
+                sub.step, int(sub.rows[k]), sub.scripts[k], sub.tasks[k].id, res.status, reward,
+                runtime_s=getattr(res, "runtime_s", None),
+            )  # fmt: skip
             new += 1
         return new
 
@@ -168,13 +177,17 @@ class AnchorQueue:
         new = self._resolve(sub) + sub.resolved_new
         r_env = np.zeros(n, np.float32)
         status = np.full(n, int(Status.UNGRADED), np.int32)
+        runtime = np.full(n, np.nan, np.float32)
         for k, rec in sub.items.items():
             status[k] = rec["status"]
             r_env[k] = 0.0 if rec["reward"] is None else rec["reward"]
+            runtime[k] = rec.get("runtime_s", np.nan)
         owner = distributed.round_robin_owners(n)
-        out = distributed.merge_from_owners({"r_env": r_env, "status": status}, owner)
+        out = distributed.merge_from_owners(
+            {"r_env": r_env, "status": status, "runtime_s": runtime}, owner
+        )
         new = int(distributed.allgather_host(np.int64(new)).sum())
-        return Outcomes(sub.step, sub.rows, out["r_env"], out["status"], new)
+        return Outcomes(sub.step, sub.rows, out["r_env"], out["status"], new, out["runtime_s"])
 
     def exchange(
         self, sub: Submission, pending: Pending, describe: Callable[[Pending], tuple]

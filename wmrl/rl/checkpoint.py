@@ -40,7 +40,7 @@ from etils import epath
 from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
 from wmrl.rl.models import abstract_like
-from wmrl.rl.state import RunState
+from wmrl.rl.state import NEW_LEAVES, RunState
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,27 @@ def _meta(st: RunState, seed: int) -> dict:
     return {**st.counters(), "data_iterator": {"seed": seed, "next_step": st.step}}
 
 
+def _key(path) -> str:
+    return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
 def _paths(tree) -> set[str]:
-    return {jax.tree_util.keystr(p, simple=True, separator="/")
-            for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}  # fmt: skip
+    return {_key(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _partial_target(saved_meta, abstract):
+    """A restore target in the saved checkpoint's own structure (nested dicts) whose leaves
+    are `abstract`'s at the same paths: restores an older layout that lacks some arrays."""
+    by_path = {_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(saved_meta)
+    return jax.tree_util.tree_unflatten(treedef, [by_path[_key(p)] for p, _ in leaves])
+
+
+def _fill_missing(restored, like):
+    """`like` with every leaf the restored (older, partial) tree has replaced by it."""
+    got = {_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(like)
+    return jax.tree_util.tree_unflatten(treedef, [got.get(_key(p), x) for p, x in leaves])
 
 
 class Checkpointer:
@@ -89,15 +107,18 @@ class Checkpointer:
         differences: it is neither corrupt nor a reason to restart silently."""
         abstract = abstract_like(_saveable(like))
         for step in sorted(self.manager.all_steps(), reverse=True):
-            self._check_layout(step, like)
+            saved_meta = self._check_layout(step, like)
             error = None
             try:
+                target = abstract if saved_meta is None else _partial_target(saved_meta, abstract)
                 out = self.manager.restore(
                     step,
                     args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
                     ),
                 )
+                if saved_meta is not None:  # an older layout: new arrays from the template
+                    out = {**out, "state": _fill_missing(out["state"], like)}
             except Exception as e:  # any failure means: use the previous one
                 error = e
             if not distributed.all_processes(error is None):  # on every process alike
@@ -122,17 +143,24 @@ class Checkpointer:
             )  # fmt: skip
         return None
 
-    def _check_layout(self, step: int, like: RunState) -> None:
-        """Refuse a checkpoint whose arrays are not those of `like` (by name)."""
+    def _check_layout(self, step: int, like: RunState):
+        """Refuse a checkpoint whose arrays are not those of `like` (by name), except one of
+        an older layout that lacks only arrays added since (`wmrl.rl.state.NEW_LEAVES`):
+        returns its metadata tree then (None when the layouts are equal)."""
         try:
             meta = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
+            meta = getattr(meta, "tree", meta)
             saved = _paths(meta)
         except Exception:  # unreadable metadata: a corrupt checkpoint, handled by restore
-            return
+            return None
         want = _paths(like)
         if saved == want:
-            return
+            return None
         missing, extra = sorted(want - saved), sorted(saved - want)
+        if not extra and all(NEW_LEAVES.search(p) for p in missing):
+            log.info("checkpoint %s: older layout, new arrays %s from the template", step,
+                     ", ".join(missing[:8]))  # fmt: skip
+            return meta
         raise ConfigError(
             "--workdir",
             f"checkpoint {self.directory / str(step)} has another layout than this version of "

@@ -37,15 +37,15 @@ OPTIONAL_FIELDS = ("model", "mesh_shape")
 
 # Fields that may change between a run and its resumption (they do not change what a
 # completed step computed). Everything else must match the saved config.json.
+# Fields added after runs were written, with the value that reproduces what those runs did:
+# a saved config (or stage fingerprint) without one is compared as if it had that value.
+# (`env`: a run or stage saved before multi-turn episodes existed was single-turn.)
+LEGACY_DEFAULTS = {"wm.runtime_coef": 0.0, "env.turns": 1, "env.sft_episodes_per_task": 4}
+
 RESUMABLE_FIELDS = (
     "rl.steps", "rl.max_wall_time_s", "rl.eval_every", "rl.eval_every_s", "rl.eval_at_s",
     "rl.checkpoint_every", "rl.keep_checkpoints",
 )  # fmt: skip
-
-
-# Fields added to the schema after runs were saved without them, with the value that saved
-# run had in effect: a workdir or stage saved before `env.turns` existed was single-turn.
-FIELDS_ADDED_SINCE = {"env.turns": 1, "env.sft_episodes_per_task": 4}
 
 
 def load_config_file(path: str | Path, *args):
@@ -157,7 +157,7 @@ def _check_numbers(config) -> None:
     ):
         _finite(config, field, above=0)  # fmt: skip
     for field in ("rl.clip_eps", "rl.kl_coef", "rl.max_wall_time_s", "rl.entropy_coef",
-                  "wm.rank_coef", "correction.min_slope"):  # fmt: skip
+                  "wm.rank_coef", "wm.runtime_coef", "correction.min_slope"):  # fmt: skip
         _finite(config, field, least=0)
     _finite(config, "rl.std_eps", above=0)
     for field, high in (("correction.rho", 1.0), ("correction.min_slope", 0.999999)):
@@ -370,6 +370,8 @@ class TrainerConfig:
     wm_batch_size: int
     wm_members: int
     replay_size: int
+    wm_runtime_coef: float  # the runtime head's loss weight (0 = no head)
+    time_limit_cap_s: float  # suite.time_limit_s: caps each task's limit (0 = none)
     routing: RoutingConfig
     debias: DebiasConfig
     denoise: DenoiseConfig
@@ -388,6 +390,7 @@ def trainer_config(config) -> TrainerConfig:
         std_eps=rl.std_eps, eval_samples=rl.eval_samples, learning_rate=rl.learning_rate,
         wm_learning_rate=wm.online_learning_rate, wm_online_steps=wm.online_steps,
         wm_batch_size=wm.batch_size, wm_members=wm.num_members, replay_size=wm.replay_size,
+        wm_runtime_coef=wm.runtime_coef, time_limit_cap_s=config.suite.time_limit_s,
         routing=routing_config(config), debias=debias_config(config),
         denoise=denoise_config(config),
     )  # fmt: skip
@@ -408,8 +411,10 @@ def config_differences(saved: dict, config) -> list[str]:
     """Fields (dotted) whose values differ between a saved config.json and `config` (a
     ConfigDict or a plain dict), ignoring those a resumed run may change."""
     now = _flatten(config if isinstance(config, dict) else json.loads(config.to_json_best_effort()))
-    before = {**FIELDS_ADDED_SINCE, **_flatten(saved)}
-    now = {**FIELDS_ADDED_SINCE, **now}
+    before = _flatten(saved)
+    for k, v in LEGACY_DEFAULTS.items():
+        if k in now:  # compare like with like: a fingerprint holds only its own fields
+            before.setdefault(k, v)
     norm = lambda v: list(v) if isinstance(v, tuple) else v
     keys = sorted(set(now) | set(before))
     return [

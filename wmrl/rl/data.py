@@ -229,8 +229,17 @@ def encode_trajectories(
     }
 
 
+def executed_runtime(status: np.ndarray, runtime_s) -> np.ndarray:
+    """[n] float32 runtimes (s) as WM targets: NaN where the script never ran (MALFORMED is
+    refused before execution, UNGRADED is no outcome) or the runtime is not known."""
+    rt = np.array([math.nan if v is None else v for v in runtime_s], np.float32)
+    ran = (status != int(Status.MALFORMED)) & (status != int(Status.UNGRADED))
+    return np.where(ran & np.isfinite(rt), rt, np.nan).astype(np.float32)
+
+
 def reward_targets(records: list[dict]) -> dict[str, np.ndarray]:
-    """WM targets: reward (NaN for ungraded) and outcome class (-1 for ungraded)."""
+    """WM targets: reward (NaN for ungraded), outcome class (-1 for ungraded) and runtime
+    (`executed_runtime`; a TIMEOUT's is the limit it was stopped at, a lower bound)."""
     reward = np.array(
         [math.nan if r.get("reward") is None else r["reward"] for r in records], np.float32
     )
@@ -240,4 +249,11 @@ def reward_targets(records: list[dict]) -> dict[str, np.ndarray]:
         "target": np.where(graded, reward, 0.0).astype(np.float32),
         "class_label": np.where(graded, status, -1).astype(np.int32),
         "valid": graded & ~np.isnan(reward),
+        "runtime": executed_runtime(status, [r.get("runtime_s") for r in records]),
     }
+
+
+def time_limit(task: Task, cap_s: float = 0.0) -> float:
+    """The wall-clock limit a script of `task` runs under: the task's own, capped by
+    `cap_s` (`suite.time_limit_s`; 0 = no cap), as the sandbox pool applies it."""
+    return min(task.time_limit_s, cap_s) if cap_s else task.time_limit_s

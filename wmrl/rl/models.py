@@ -14,6 +14,7 @@ from flax import nnx
 
 from wmrl.config_errors import ConfigError
 from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.grader import reward as status_reward
 from wmrl.models.config import named_config
 from wmrl.models.sharding import make_mesh, param_shardings
 from wmrl.models.train_steps import (
@@ -32,6 +33,7 @@ from wmrl.models.world_model import WorldModel, WorldModelConfig
 from wmrl.rl import pretrained
 
 NUM_CLASSES = len([s for s in Status if s != Status.UNGRADED])  # outcome classes the WM predicts
+TIMEOUT_REWARD = status_reward(Status.TIMEOUT)
 
 
 def abstract_like(tree):
@@ -65,7 +67,14 @@ def wm_config(config, vocab_size: int) -> WorldModelConfig:
         "tiny", vocab_size=vocab_size, max_len=seq_len(config), d_model=w.d_model,
         num_layers=w.num_layers, mlp_dim=w.mlp_dim, head_dim=w.head_dim,
     )  # fmt: skip
-    return WorldModelConfig(trunk=trunk, num_members=w.num_members, num_classes=NUM_CLASSES)
+    return WorldModelConfig(trunk=trunk, num_members=w.num_members, num_classes=NUM_CLASSES,
+                            **_head_fields(config))  # fmt: skip
+
+
+def _head_fields(config) -> dict:
+    """The WM's optional heads, from their loss weights (0 = no head: the parameter layout of
+    a WM without it, so such runs and stages load unchanged)."""
+    return {"runtime_head": config.wm.runtime_coef > 0, "timeout_reward": TIMEOUT_REWARD}
 
 
 def make_rl_mesh(config):
@@ -188,7 +197,7 @@ def build_wm(config, vocab_size: int, tx, mesh, seed: int, trunk_params=None) ->
         else:
             trunk = policy_config(config, vocab_size)
         cfg = WorldModelConfig(trunk=trunk, num_members=config.wm.num_members,
-                               num_classes=NUM_CLASSES)  # fmt: skip
+                               num_classes=NUM_CLASSES, **_head_fields(config))  # fmt: skip
         if trunk_params is None:
             raise ValueError("build_wm: a WM trunk shared with the policy needs trunk_params")
         factory = lambda: WorldModel(cfg, rngs=nnx.Rngs(seed))
@@ -227,25 +236,46 @@ def policy_step(m: Model, example: dict, config):
     return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss, micro)
 
 
-def wm_step(m: Model, example: dict, rank_coef: float = 0.0):
+def wm_step(m: Model, example: dict, rank_coef: float = 0.0, runtime_coef: float = 0.0):
     """The WM train step; with `rank_coef` (and `group` in the batch) the within-group
-    pairwise ranking loss is added to the NLL."""
-    return make_wm_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, rank_coef=rank_coef)
+    pairwise ranking loss is added to the NLL, with `runtime_coef` the runtime head's."""
+    return make_wm_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh,
+                              rank_coef=rank_coef, runtime_coef=runtime_coef)  # fmt: skip
 
 
-def wm_batch(rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members: int) -> dict:
+def wm_batch(
+    rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members: int, runtime=False
+) -> dict:
     """A WM training batch: tokens, mask, reward target, class, Poisson(1) bootstrap weights
-    per member (zero for ungraded rows, which carry no target)."""
-    valid = rows["valid"][idx].astype(np.float32)
-    weights = rng.poisson(1.0, (len(idx), num_members)).astype(np.float32) * valid[:, None]
+    per member (zero for ungraded rows, which carry no target).
+
+    With `runtime` (a WM with the runtime head) also the runtime head's targets (log seconds,
+    known where `rows["runtime"]` is finite; a TIMEOUT's is censored), and the reward head
+    is fitted on the scripts that did not time out only (no NLL weight, no ranking pair):
+    `predict` mixes in a time-out's reward with the runtime head's P(timeout)."""
+    valid = rows["valid"][idx]
+    label = np.where(valid, rows["class_label"][idx], -1).astype(np.int32)
+    timed_out = label == int(Status.TIMEOUT)
+    fit = valid & ~timed_out if runtime else valid
+    weights = rng.poisson(1.0, (len(idx), num_members)).astype(np.float32)
     out = {
         "tokens": rows["tokens"][idx],
         "input_mask": rows["input_mask"][idx],
         "target": rows["target"][idx],
-        "class_label": np.where(rows["valid"][idx], rows["class_label"][idx], -1).astype(np.int32),
-        "member_weights": weights,
+        "class_label": label,
+        "member_weights": weights * fit[:, None].astype(np.float32),
     }
     if "group" in rows:  # the task of each row: the ranking loss's pairs
         out["group"] = rows["group"][idx].astype(np.int32)
-        out["graded"] = rows["valid"][idx].astype(bool)
+        out["graded"] = fit.astype(bool)
+    if runtime:
+        rt = rows["runtime"][idx]
+        known = np.isfinite(rt) & valid
+        out["log_runtime"] = np.log(np.where(known, np.maximum(rt, MIN_RUNTIME_S), 1.0))
+        out["log_runtime"] = out["log_runtime"].astype(np.float32)
+        out["runtime_mask"] = known.astype(np.float32)
+        out["timed_out"] = timed_out & known
     return out
+
+
+MIN_RUNTIME_S = 0.01  # runtimes below this are this (the log target stays finite)

@@ -32,8 +32,8 @@ STAGE_FIELDS = {
     "wm_pretrain": (
         "seed", "suite.dir", "suite.tasks", "data", "pretrained", "wm.d_model", "wm.num_layers",
         "wm.mlp_dim", "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size",
-        "wm.learning_rate", "wm.rank_coef", "wm.group_rows", "wm.trunk_from_policy",
-        "wm.validation_every", "policy",
+        "wm.learning_rate", "wm.rank_coef", "wm.runtime_coef", "wm.group_rows",
+        "wm.trunk_from_policy", "wm.validation_every", "policy",
     ),
 }  # fmt: skip
 
@@ -167,6 +167,9 @@ def wm_rows(config, prepared, split: str) -> dict:
     index = {t.id: i for i, t in enumerate(tasks)}
     rows["group"] = np.array([index[r["task_id"]] for r in recs], np.int32)
     rows["script_index"] = np.array([r["index"] for r in recs], np.int32)
+    # The limit each script was executed under (the corpus runs with the tasks' own limits).
+    limits = {t.id: rldata.time_limit(t) for t in tasks}
+    rows["time_limit_s"] = np.array([limits[r["task_id"]] for r in recs], np.float32)
     return rows
 
 
@@ -201,24 +204,59 @@ def grouped_rows(rng: np.random.Generator, group: np.ndarray, batch: int, per_gr
     return np.concatenate([rng.choice(by_task[t], per_group) for t in picked])
 
 
+def auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
+    """ROC AUC of `scores` for the boolean `positive` (ties count one half); None unless both
+    classes occur."""
+    pos, neg = scores[positive], scores[~positive]
+    if not len(pos) or not len(neg):
+        return None
+    greater = (pos[:, None] > neg[None, :]).mean()
+    ties = (pos[:, None] == neg[None, :]).mean()
+    return float(greater + 0.5 * ties)
+
+
+def runtime_report(pred: dict, rows: dict, keep: np.ndarray) -> dict:
+    """The runtime head on the graded rows `keep`: Spearman and Pearson of predicted vs real
+    log runtime over the scripts that ran and finished (a time-out's runtime is only a lower
+    bound), and the ROC AUC of `p_timeout` for the scripts that timed out."""
+    from wmrl.envs.autoresearch.grader import Status
+
+    rt, label = rows["runtime"][keep], rows["class_label"][keep]
+    timed_out = label == int(Status.TIMEOUT)
+    done = np.isfinite(rt) & ~timed_out
+    p, q = np.log(pred["runtime_s"][done]), np.log(np.maximum(rt[done], models.MIN_RUNTIME_S))
+    ok = done.sum() >= 3 and np.ptp(p) > 0 and np.ptp(q) > 0
+    return {
+        "runtime_spearman": float(spearman(p, q)) if ok else None,
+        "runtime_pearson": float(np.corrcoef(p, q)[0, 1]) if ok else None,
+        "runtime_rows": int(done.sum()),
+        "timeout_auc": auc(pred["p_timeout"], timed_out),
+        "timeouts": int(timed_out.sum()),
+        "mean_p_timeout": float(pred["p_timeout"].mean()),
+    }
+
+
 def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool = True) -> dict:
     """Calibration (interval ECE from the predictive variance) and Spearman rank correlation
     of WM score vs real reward (pooled, and within each task), over the graded rows; with
-    `keep_scores` also the scores and targets themselves."""
+    `keep_scores` also the scores and targets themselves. With the runtime head the score is
+    the time-out-aware one under each row's `time_limit_s`, and the report adds the reward
+    head's own within-task Spearman (`within_task_spearman_raw`) and `runtime_report`."""
     keep = np.nonzero(rows["valid"])[0]
-    scores, pvar = [], []
+    got: dict[str, list] = {}
     for i in range(0, len(keep), batch):
         idx = keep[i : i + batch]
         pad = batch - len(idx)
         sel = np.concatenate([idx, np.repeat(idx[-1:], pad)])
-        out = score_fn(params, rows["tokens"][sel], rows["input_mask"][sel])
-        out = distributed.process_allgather_to_numpy(
-            {k: out[k] for k in ("score", "predictive_var")}
-        )
-        scores.append(out["score"][: len(idx)])
-        pvar.append(out["predictive_var"][: len(idx)])
-    s, v, y = np.concatenate(scores), np.concatenate(pvar), rows["target"][keep]
-    return {
+        limits = rows["time_limit_s"][sel] if "time_limit_s" in rows else None
+        out = score_fn(params, rows["tokens"][sel], rows["input_mask"][sel], limits)
+        names = ("score", "predictive_var", "score_raw", "p_timeout", "runtime_s")
+        out = distributed.process_allgather_to_numpy({k: out[k] for k in names if k in out})
+        for k, v in out.items():
+            got.setdefault(k, []).append(v[: len(idx)])
+    pred = {k: np.concatenate(v) for k, v in got.items()}
+    s, v, y = pred["score"], pred["predictive_var"], rows["target"][keep]
+    report = {
         "n": len(keep),
         "ece": float(interval_ece(s, v, y)),
         "spearman": float(spearman(s, y)),
@@ -226,6 +264,11 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool =
         "rmse": float(np.sqrt(np.mean((s - y) ** 2))),
         **({"scores": s.tolist(), "targets": y.tolist()} if keep_scores else {}),
     }
+    if "p_timeout" in pred:
+        raw = within_task_spearman(pred["score_raw"], y, rows["group"][keep])
+        report["within_task_spearman_raw"] = raw
+        report.update(runtime_report(pred, rows, keep))
+    return report
 
 
 def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progress=True):
@@ -240,8 +283,10 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
     n, bs, steps = len(train["tokens"]), config.wm.batch_size, config.wm.pretrain_steps
     m = wm.with_optimizer(models.adam(config.wm.learning_rate, steps, warmup=max(steps // 20, 1)))
     rng = np.random.default_rng(config.seed + 1)
-    example = models.wm_batch(train, np.arange(bs) % n, rng, config.wm.num_members)
-    step = models.wm_step(m, example, config.wm.rank_coef)
+    runtime = config.wm.runtime_coef > 0
+    batch = lambda idx: models.wm_batch(train, idx, rng, config.wm.num_members, runtime)
+    example = batch(np.arange(bs) % n)
+    step = models.wm_step(m, example, config.wm.rank_coef, config.wm.runtime_coef)
     state, t0, mse = m.state, time.monotonic(), float("nan")
     bar = tqdm(range(steps), desc="world model pretraining", disable=not progress)
     per_group = config.wm.group_rows
@@ -250,8 +295,7 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
             idx = grouped_rows(rng, train["group"], bs, per_group)
         else:
             idx = rng.integers(0, n, bs)
-        b = models.wm_batch(train, idx, rng, config.wm.num_members)
-        state, metrics = step(state, b)
+        state, metrics = step(state, batch(idx))
         if i % 10 == 0 or i == steps - 1:
             mse = float(metrics["mse"][0]) / max(float(metrics["mse"][1]), 1.0)
             bar.set_postfix(mse=f"{mse:.4f}")

@@ -9,12 +9,16 @@ checkpoint's JSON meta (`wmrl.rl.checkpoint`), readable without restoring any ar
 
 The on-disk layout (`policy`, `ref_params`, `wm`, `correction`, `replay`, `pending`, `rng`
 and the array names inside `replay` and `pending`) is the one checkpoints had before these
-types were pytrees, so such workdirs resume unchanged.
+types were pytrees, so such workdirs resume unchanged. Arrays added since (the replay's
+observation targets, the WM's observation heads and their optimiser moments: `NEW_LEAVES`)
+may be missing from an older checkpoint: it resumes with those taken from the new run's
+template (unknown targets, freshly initialised heads), see `wmrl.rl.checkpoint`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 from flax import struct
@@ -25,10 +29,22 @@ from wmrl.models.train_steps import TrainState
 
 TOKEN_ARRAYS = ("tokens", "input_mask", "loss_mask", "old_logp")  # per-token rows of a batch
 
+# Checkpoint paths (`a/b/c`) an older checkpoint may lack: the replay's observation targets
+# and the world model's observation heads (params, and their optimiser moments anywhere
+# under `wm/`).
+NEW_LEAVES = re.compile(
+    r"^replay/(runtime|error_type|validation)$"
+    r"|^wm/.*/(runtime_|error_|validation_)[^/]*$"
+)
+
 
 @struct.dataclass
 class Replay:
-    """Fixed-capacity ring buffer of real outcomes (the WM's online training data)."""
+    """Fixed-capacity ring buffer of real outcomes (the WM's online training data).
+
+    The observation targets (`runtime`, `error_type`, `validation`) are unknown (NaN / -1)
+    where the outcome did not carry them: rows of an older checkpoint, a journal record
+    written before they were recorded, a single-turn execution (no validation split)."""
 
     tokens: np.ndarray  # [C, L] int32
     input_mask: np.ndarray  # [C, L] bool
@@ -37,6 +53,9 @@ class Replay:
     valid: np.ndarray  # [C] bool
     count: np.ndarray  # int64 scalar: filled rows
     next: np.ndarray  # int64 scalar: write position
+    runtime: np.ndarray  # [C] float32 seconds, NaN = unknown
+    error_type: np.ndarray  # [C] int32 index into ERROR_TYPES, -1 = unknown
+    validation: np.ndarray  # [C] float32 raw validation metric, NaN = unknown
 
     @classmethod
     def empty(cls, capacity: int, width: int) -> Replay:
@@ -48,10 +67,22 @@ class Replay:
             valid=np.zeros(capacity, bool),
             count=np.int64(0),
             next=np.int64(0),
+            runtime=np.full(capacity, np.nan, np.float32),
+            error_type=np.full(capacity, -1, np.int32),
+            validation=np.full(capacity, np.nan, np.float32),
         )
 
-    def add(self, rows: dict, target: np.ndarray, status: np.ndarray) -> Replay:
-        """A new buffer with the graded rows appended (UNGRADED ones are no outcome)."""
+    def add(
+        self, rows: dict, target: np.ndarray, status: np.ndarray, runtime=None, error_type=None,
+        validation=None,
+    ) -> Replay:  # fmt: skip
+        """A new buffer with the graded rows appended (UNGRADED ones are no outcome);
+        `runtime` [n] seconds, `error_type` [n] int and `validation` [n] float where known
+        (None, NaN or -1: unknown)."""
+        n = len(status)
+        runtime = np.full(n, np.nan, np.float32) if runtime is None else runtime
+        error_type = np.full(n, -1, np.int32) if error_type is None else error_type
+        validation = np.full(n, np.nan, np.float32) if validation is None else validation
         arrays = {k: np.array(v) for k, v in self.arrays().items()}
         capacity = len(self.target)
         j, count = int(self.next), int(self.count)
@@ -61,12 +92,16 @@ class Replay:
             arrays["target"][j] = target[i]
             arrays["class_label"][j] = status[i]
             arrays["valid"][j] = True
+            arrays["runtime"][j] = runtime[i]
+            arrays["error_type"][j] = error_type[i]
+            arrays["validation"][j] = validation[i]
             j, count = (j + 1) % capacity, min(count + 1, capacity)
-        return Replay(**arrays, count=np.int64(count), next=np.int64(j))
+        return dataclasses.replace(self, **arrays, count=np.int64(count), next=np.int64(j))
 
     def arrays(self) -> dict:
         return {k: getattr(self, k) for k in ("tokens", "input_mask", "target", "class_label",
-                                              "valid")}  # fmt: skip
+                                              "valid", "runtime", "error_type",
+                                              "validation")}  # fmt: skip
 
 
 @struct.dataclass

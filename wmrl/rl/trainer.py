@@ -208,8 +208,13 @@ class Trainer:
         """The scripts of completions `[n, N]` (tokens where `cmask`)."""
         return [self.tok.decode(row[m.astype(bool)]) for row, m in zip(comp, cmask, strict=True)]
 
-    def _wm_scores(self, params, rows) -> dict:
-        out = self.wm_score(params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]))
+    def _wm_scores(self, params, rows, tasks) -> dict:
+        """WM predictions of the rows (`tasks`: each row's task, whose time limit the
+        runtime head's P(timeout) is taken under)."""
+        limits = np.array([rldata.time_limit(t, self.tc.time_limit_cap_s) for t in tasks])
+        out = self.wm_score(
+            params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]), limits
+        )
         return distributed.process_allgather_to_numpy(dict(out))
 
     # -- one RL step ---------------------------------------------------------------------
@@ -269,7 +274,7 @@ class Trainer:
         wm_out, group_var = None, None
         if self.spec.uses_wm and self.routing.uncertainty_share > 0:
             with clock("wm_score_s"):
-                wm_out = self._wm_scores(st.wm.params, s.rows)
+                wm_out = self._wm_scores(st.wm.params, s.rows, s.row_tasks)
             group_var = jnp.asarray(wm_out["predictive_var"].reshape(B, G).mean(axis=1))
         is_anchor, picked_by = route_anchors(key, B, self.routing, None, group_var)
         is_anchor = np.asarray(is_anchor)
@@ -287,7 +292,7 @@ class Trainer:
         wm_out = r.wm_out
         if self.spec.uses_wm and wm_out is None:
             with clock("wm_score_s"):
-                wm_out = self._wm_scores(st.wm.params, s.rows)
+                wm_out = self._wm_scores(st.wm.params, s.rows, s.row_tasks)
         with clock("train_s"):
             tokens, mask = jnp.asarray(s.rows["tokens"]), jnp.asarray(s.rows["input_mask"])
             ref_logp = self.logprobs(st.ref_params, tokens, mask)
@@ -316,6 +321,8 @@ class Trainer:
             s.rows["loss_mask"][idx] = 0.0
             return x
         x.r_env[idx], x.status[idx] = got.r_env, got.status
+        if got.runtime_s is not None:
+            x.runtime_s[idx] = got.runtime_s
         x = x._replace(collected=len(idx), new_executions=got.new)
         if got.step != s.step:  # the previous step's rows, spliced in
             for k in TOKEN_ARRAYS:
@@ -365,7 +372,8 @@ class Trainer:
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:
             anchor = {k: rows[k][idx] for k in ("tokens", "input_mask")}
-            replay = replay.add(anchor, x.r_env[idx], x.status[idx])
+            runtime = rldata.executed_runtime(x.status[idx], x.runtime_s[idx])
+            replay = replay.add(anchor, x.r_env[idx], x.status[idx], runtime=runtime)
             wm = self._wm_online(wm, replay, st.step)
         jax.block_until_ready((policy, wm))
         return Updated(policy, wm, replay, pmetrics)
@@ -394,9 +402,9 @@ class Trainer:
         arrays = replay.arrays()
         for _ in range(tc.wm_online_steps):
             idx = rng.integers(0, int(replay.count), tc.wm_batch_size)
-            b = models.wm_batch(arrays, idx, rng, tc.wm_members)
+            b = models.wm_batch(arrays, idx, rng, tc.wm_members, tc.wm_runtime_coef > 0)
             if self._wm_step is None:
-                self._wm_step = models.wm_step(self.wm, b)
+                self._wm_step = models.wm_step(self.wm, b, runtime_coef=tc.wm_runtime_coef)
             wm, _ = self._wm_step(wm, b)
         return wm
 
