@@ -119,34 +119,17 @@ def improved_fraction(reward: np.ndarray, graded: np.ndarray) -> float | None:
     return float(np.mean(r[1:].max(axis=0) > r[0]))
 
 
-def observation_arrays(obs: list[Observation]) -> dict[str, np.ndarray]:
-    """Observations as arrays (to merge over processes and to fill the WM's replay)."""
-    return {
-        "status": np.array([int(o.status) for o in obs], np.int32),
-        "error_type": np.array([ERROR_TYPES.index(o.error_type) for o in obs], np.int32),
-        "runtime": np.array([o.runtime_s for o in obs], np.float64),
-        "validation": np.array(
-            [math.nan if o.validation is None else o.validation for o in obs], np.float64
-        ),
-    }
-
-
 def observations_from_arrays(a: dict[str, np.ndarray]) -> list[Observation]:
+    """The observations of real turns from their merged arrays (`_collect_turns`), rounded
+    and checked by the one constructor (an unknown runtime reads 0 s)."""
     return [
         make_observation(
-            int(s), ERROR_TYPES[int(e)], float(r), None if math.isnan(v) else float(v)
+            int(s), ERROR_TYPES[int(e)] if e >= 0 else "none",
+            float(r) if math.isfinite(r) else 0.0, None if math.isnan(v) else float(v),
         )
         for s, e, r, v in zip(a["status"], a["error_type"], a["runtime"], a["validation"],
                               strict=True)
     ]  # fmt: skip
-
-
-def journalled_observation(rec: dict) -> Observation:
-    """The observation of a journalled real turn (its status and observation fields)."""
-    return make_observation(
-        rec["status"], rec.get("error_type", "none"), rec.get("runtime_s", 0.0),
-        rec.get("validation"),
-    )  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -236,15 +219,16 @@ class MultiTurnTrainer(Trainer):
         return _Execution(step, np.asarray(rows), list(tasks), list(scripts), items)
 
     def _collect_turns(self, journal, ex: _Execution) -> tuple[dict, int]:
-        """Wait for this process's turns (journalling each with its observation), merge every
-        process's: (arrays [n] status, reward (NaN ungraded), error_type, runtime,
-        validation; executions not taken from a journal, over all processes)."""
+        """Wait for this process's turns (journalling each with its observation fields),
+        merge every process's: (arrays [n] `status`, `reward` (NaN ungraded), `runtime` (the
+        raw seconds, NaN unknown), `error_type` (index into ERROR_TYPES, -1 unknown),
+        `validation` (NaN none); executions not taken from a journal, over all processes)."""
         n = len(ex.rows)
         out = {
             "status": np.full(n, UNGRADED, np.int32),
             "reward": np.full(n, np.nan),
-            "error_type": np.zeros(n, np.int32),
-            "runtime": np.zeros(n),
+            "runtime": np.full(n, np.nan),
+            "error_type": np.full(n, -1, np.int32),
             "validation": np.full(n, np.nan),
         }
         new = 0
@@ -255,13 +239,15 @@ class MultiTurnTrainer(Trainer):
                 obs = observation_of(res)
                 item = journal.record(
                     ex.step, int(ex.rows[k]), ex.scripts[k], ex.tasks[k].id, res.status, reward,
-                    runtime_s=obs.runtime_s, error_type=obs.error_type, validation=obs.validation,
+                    runtime_s=res.runtime_s, error_type=obs.error_type, validation=obs.validation,
                 )  # fmt: skip
                 new += 1
-            obs = observation_arrays([journalled_observation(item)])
-            for name, v in obs.items():
-                out[name][k] = v[0]
+            out["status"][k] = item["status"]
             out["reward"][k] = np.nan if item["reward"] is None else item["reward"]
+            out["runtime"][k] = item.get("runtime_s", np.nan)
+            if item.get("error_type") in ERROR_TYPES:
+                out["error_type"][k] = ERROR_TYPES.index(item["error_type"])
+            out["validation"][k] = item.get("validation", np.nan)
         journal.flush()
         owner = distributed.round_robin_owners(n)
         merged = distributed.merge_from_owners(out, owner)
@@ -269,20 +255,24 @@ class MultiTurnTrainer(Trainer):
 
     # -- the WM's observations -----------------------------------------------------------
 
-    def _wm_turn(self, st, rows: dict, scripts: list[str], row_tasks, wm_out, observe: bool):
-        """The WM's per-turn rewards [N] and (with `observe`) observations [N] of every row,
-        the static check fixing what it knows."""
-        if wm_out is None:
-            wm_out = self._wm_scores(st.wm.params, rows)
-        if not observe:
-            return np.asarray(wm_out["score"], np.float32), [None] * len(scripts)
-        from wmrl.models.world_model import predict_observation
-
-        obs = predict_observation(
-            wm_out, scripts, [self.episode_tasks[t.id] for t in row_tasks],
-            static_check=self.static_check, names=self.static_names,
+    def _wm_turn(self, st, rows: dict, scripts: list[str], row_tasks, observe: bool):
+        """The WM's per-turn rewards [N] and (with `observe`) observations [N] of every row:
+        every field from a head (`wmrl.rl.wm_observation.predict_observation`), the static
+        check fixing what it knows."""
+        tasks = [self.episode_tasks[t.id] for t in row_tasks]
+        limits = np.array([rldata.time_limit(t, self.tc.time_limit_cap_s) for t in tasks])
+        out = self.wm_score(
+            st.wm.params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]), limits,
+            outputs=observe,
         )  # fmt: skip
-        return np.asarray(wm_out["score"], np.float32), list(obs)
+        out = distributed.process_allgather_to_numpy(dict(out))
+        score = np.asarray(out["score"], np.float32)
+        if not observe:
+            return score, [None] * len(scripts)
+        from wmrl.rl.wm_observation import predict_observation
+
+        static = self.tc.static_check if self.static_check else "off"
+        return score, list(predict_observation(out, tasks, scripts, limits, static=static))
 
     # -- the rollout ---------------------------------------------------------------------
 
@@ -297,9 +287,9 @@ class MultiTurnTrainer(Trainer):
         status = np.full((K, N), UNGRADED, np.int32)
         reward = np.zeros((K, N), np.float32)
         r_wm = np.zeros((K, N), np.float32)
-        real = {k: np.zeros((K, N), dt) for k, dt in
-                (("runtime", np.float32), ("error_type", np.int32),
-                 ("validation", np.float32))}  # fmt: skip
+        real = {"runtime": np.full((K, N), np.nan, np.float32),
+                "error_type": np.full((K, N), -1, np.int32),
+                "validation": np.full((K, N), np.nan, np.float32)}  # fmt: skip
         routed, new = None, 0
         for t in range(K):
             with clock("generate_s"):
@@ -315,9 +305,8 @@ class MultiTurnTrainer(Trainer):
             obs = [None] * N
             if self.spec.uses_wm:  # while the anchors execute
                 with clock("wm_score_s"):
-                    pre = routed.wm_out if t == 0 else None
                     # The last turn's observation is read by no one: its reward only.
-                    r_wm[t], obs = self._wm_turn(st, rows, scripts, row_tasks, pre, t < K - 1)
+                    r_wm[t], obs = self._wm_turn(st, rows, scripts, row_tasks, t < K - 1)
             with clock("anchor_wait_s"):
                 got, n_new = self._collect_turns(self.journal, ex)
             new += n_new
@@ -444,11 +433,13 @@ class MultiTurnTrainer(Trainer):
             N = len(ep.scripts[0])
             real = (np.arange(self.K)[:, None] * N + routed.anchor_idx[None, :]).reshape(-1)
             flat = lambda a: a.reshape(-1)[real]
-            # The observation targets of the real turns (single-turn replays carry none).
-            targets = {k: flat(v) for k, v in ep.obs_arrays.items()} if self.K > 1 else {}
+            # The observation targets of the real turns: the runtime where the script ran;
+            # error type and validation metric (K > 1: single-turn replays carry none).
+            runtime = rldata.executed_runtime(flat(ep.status), flat(ep.obs_arrays["runtime"]))
+            more = {k: flat(ep.obs_arrays[k]) for k in ("error_type", "validation")}
             replay = replay.add(
                 {k: rows[k][real] for k in ("tokens", "input_mask")}, flat(ep.reward),
-                flat(ep.status), **targets,
+                flat(ep.status), runtime=runtime, **(more if self.K > 1 else {}),
             )  # fmt: skip
             wm = self._wm_online(wm, replay, st.step)
         jax.block_until_ready((policy, wm))
