@@ -118,3 +118,22 @@ def test_trim_to_bucket_hand_numbers():
     assert dataset.trim_to_bucket(batch, [4, 8])["tokens"].shape == (3, 16)  # none fits
     short = {**batch, "mask": np.zeros((3, 16), np.int32)}
     assert dataset.trim_to_bucket(short, [4, 8])["tokens"].shape == (3, 4)
+
+
+def test_execute_on_episode_tasks_records_observation_fields(suite, tmp_path):
+    """With episode_root every script runs on its task's multi-turn episode task: the same
+    scripts, a validation score for each VALID one, and a log that is not mixed with the
+    single-turn kind."""
+    log = dataset.execute_corpus(
+        suite, tmp_path, scripts_per_task=3, workers=2, progress=False,
+        episode_root=tmp_path / "episodes",
+    )  # fmt: skip
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(recs) == 6 and all(r["episode"] for r in recs)
+    assert (tmp_path / "episodes" / "tiny-train" / "private" / "validation_labels.csv").is_file()
+    for r in recs:
+        assert "- Rows: 72 train, 48 test" in r["card"]  # the episode task's card
+        assert (r["validation"] is not None) == (r["status_name"] == "VALID")
+        assert (r["error_type"] != "none") == (r["status_name"] == "RUNTIME_ERROR")
+    with pytest.raises(ValueError, match="episode_root set; use another data_dir"):
+        dataset.execute_corpus(suite, tmp_path, scripts_per_task=4, workers=1, progress=False)

@@ -314,3 +314,80 @@ def test_the_snoop_finds_the_labels_where_nothing_hides_them(episode, tmp_path):
     assert "labelled test ids found: 48" in out, out
     for seq in hidden_sequences(episode):
         assert all(pair in out for pair in seq.split(" "))
+
+
+def metric_task(root, metric: str):
+    """A 240-row task for ``metric`` (regression target for rmse, binary for roc_auc)."""
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame(rng.normal(size=(240, 3)), columns=FEATURES)
+    if metric == "rmse":
+        df["label"] = 3 * df.a - df.b + rng.normal(size=240)
+    elif metric == "roc_auc":
+        df["label"] = np.where(df.a + rng.normal(size=240) > 0, "pos", "neg")
+    else:
+        df["label"] = rng.choice(["x", "y", "z"], size=240, p=[0.6, 0.3, 0.1])
+    out = write_task(df, root / metric, task_id=f"m-{metric}", target="label", metric=metric)
+    (out / "leaderboard.json").write_text(json.dumps({"scores": [0.3, 0.6, 0.9, 1.2]}))
+    return load_task(out)
+
+
+@pytest.mark.parametrize("metric", ["rmse", "roc_auc", "f1_macro"])
+def test_grading_other_metrics_matches_sklearn_and_single_turn(metric, tmp_path):
+    from sklearn.metrics import f1_score, mean_squared_error, roc_auc_score
+
+    source = metric_task(tmp_path, metric)
+    episode = make_episode_task(source, tmp_path / "episodes")
+    ids = text_csv(episode.public_dir / "test.csv").id
+    rng = np.random.default_rng(2)
+    if metric == "f1_macro":
+        pred = rng.choice(["x", "y", "z"], size=len(ids))
+    else:
+        pred = rng.normal(size=len(ids)).round(6)
+    sub = pd.DataFrame({"id": ids, "label": pred})
+    sub.to_csv(tmp_path / "sub.csv", index=False)
+    grade = grade_submission(episode, tmp_path / "sub.csv")
+    assert grade.status == Status.VALID, grade
+    by_id = sub.set_index("id").label
+
+    def sk(labels):
+        y, p = labels.label.to_numpy(), by_id.loc[labels.id].to_numpy()
+        if metric == "rmse":
+            return np.sqrt(mean_squared_error(y.astype(float), p.astype(float)))
+        if metric == "roc_auc":
+            return roc_auc_score(y.astype(int), p.astype(float))
+        return f1_score(y, p, average="macro")
+
+    labels, val = text_csv(episode.labels_path), text_csv(episode.validation_labels_path)
+    assert grade.score == pytest.approx(sk(labels))
+    assert grade.validation == pytest.approx(sk(val))
+    if metric == "roc_auc":  # stratified: both classes are in the validation split
+        assert set(val.label) == {"0", "1"}
+    rows = episode_rows(episode).set_index("opaque_id")
+    single = pd.DataFrame({"id": rows.loc[labels.id, "source_id"].to_numpy()})
+    single["label"] = by_id.loc[labels.id].to_numpy()
+    single.to_csv(tmp_path / "single.csv", index=False)
+    ref = grade_submission(source, tmp_path / "single.csv")
+    assert (grade.score, grade.percentile, grade.reward) == (ref.score, ref.percentile, ref.reward)
+
+
+def test_validity_of_an_episode_submission_does_not_consult_the_test_labels(episode, tmp_path):
+    """A class only the hidden test labels have: a plain task accepts a prediction of it (it
+    is a true label), an episode task does not, so a VALID / INVALID status says nothing
+    about the test labels."""
+    planted = tmp_path / "planted"
+    shutil.copytree(episode.root, planted)
+    labels = text_csv(planted / "private" / "test_labels.csv")
+    labels.loc[0, "label"] = "maybe"
+    labels.to_csv(planted / "private" / "test_labels.csv", index=False)
+    pred = logistic_predictions(episode)
+    pred.loc[pred.id == labels.id[0], "label"] = "maybe"
+    pred.to_csv(tmp_path / "sub.csv", index=False)
+    grade = grade_submission(load_task(planted), tmp_path / "sub.csv")
+    assert grade.status == Status.INVALID_SUBMISSION and "maybe" in grade.detail
+    # the same files as a plain task (no validation split): the test labels make it known
+    (planted / "private" / "validation_labels.csv").unlink()
+    val = text_csv(episode.validation_labels_path)
+    plain = load_task(planted)
+    mixed_labels = pd.concat([labels, val])
+    mixed_labels.to_csv(planted / "private" / "test_labels.csv", index=False)
+    assert grade_submission(plain, tmp_path / "sub.csv").status == Status.VALID

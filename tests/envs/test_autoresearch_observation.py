@@ -166,12 +166,15 @@ def test_render_template_is_one_ascii_line():
 def test_make_observation_rejects_bad_fields():
     with pytest.raises(ValueError, match="error_type"):
         make_observation(Status.RUNTIME_ERROR, "SegFault", 1.0, None)
-    with pytest.raises(ValueError, match="error_type"):
-        make_observation(Status.VALID, "KeyError", 1.0, 0.5)
     with pytest.raises(ValueError, match="runtime_s"):
         make_observation(Status.VALID, "none", math.nan, 0.5)
-    # a WM that predicts RUNTIME_ERROR but no error class reads as "other"
+    # heads predicted apart are made consistent by the same rule as real observations
     assert make_observation(Status.RUNTIME_ERROR, "none", 1.0, None).error_type == "other"
+    assert make_observation(Status.VALID, "KeyError", 1.04, 0.5) == Observation(
+        Status.VALID, "none", 1.0, 0.5
+    )
+    assert make_observation(Status.TIMEOUT, "none", 60.0, 0.9).validation is None
+    assert make_observation(Status.MALFORMED, "none", -0.01, None).runtime_s == 0.0
 
 
 def test_static_fields_override_predicted_ones():

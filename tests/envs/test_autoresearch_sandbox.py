@@ -112,6 +112,7 @@ def test_undefined_names_predicted_statically_fail_for_real(pool, task):
         r = pool.run(task, script)
         assert r.status == predicted and r.reward == pytest.approx(0.1), r
         assert "NameError" in r.stderr_tail
+        assert r.error_type == "NameError"  # what static_fields says (observation.py)
     assert static_outcome(GOOD_SCRIPT.encode()) is None
     assert pool.run(task, GOOD_SCRIPT).status == Status.VALID
 
@@ -145,6 +146,7 @@ def test_memory_bomb(pool, task):
     )
     assert r.status == Status.RUNTIME_ERROR
     assert "MemoryError" in r.stderr_tail
+    assert r.error_type == "MemoryError"
     check_clean(pool, task)
 
 
@@ -172,6 +174,7 @@ def test_memory_bomb_across_processes(pool, task):
         pytest.skip("no cgroups on this host: only per-process limits apply")
     assert r.status == Status.RUNTIME_ERROR, r
     assert "memory limit" in r.detail
+    assert r.error_type == "MemoryError"  # an OOM kill: no traceback
     assert "all children survived" not in r.stdout_tail
     check_clean(pool, task)
 

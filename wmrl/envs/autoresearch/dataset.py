@@ -46,8 +46,16 @@ def execute_corpus(
     workers: int | None = None,
     progress: bool = True,
     executor_config=None,
+    episode_root: str | os.PathLike | None = None,
 ) -> Path:
-    """Execute the authored corpus, resumably; return the executions.jsonl path."""
+    """Execute the authored corpus, resumably; return the executions.jsonl path.
+
+    Each record also holds the observation fields a multi-turn world model predicts
+    (``error_type``; ``validation``, None unless on an episode task). With ``episode_root``
+    every task is executed as its multi-turn episode task (``episode.make_episode_task``,
+    built there): same scripts, reward from the test rows, ``validation`` from the validation
+    rows. A data_dir holds one kind of log (``"episode"`` in every record): resuming one
+    with the other kind is an error naming it."""
     from tqdm import tqdm
 
     from wmrl.envs.autoresearch.executor import make_executor
@@ -64,10 +72,19 @@ def execute_corpus(
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by the interruption; it is executed again
+                if bool(rec.get("episode", False)) != (episode_root is not None):
+                    raise ValueError(
+                        f"{log_path} was executed with episode_root "
+                        f"{'set' if rec.get('episode') else 'unset'}; use another data_dir"
+                    )
                 done.add((rec["task_id"], rec["index"]))
     plan = []
     for task in load_suite(suite_dir):
         info = task_info(task)
+        if episode_root is not None:
+            from wmrl.envs.autoresearch.episode import make_episode_task
+
+            task = make_episode_task(task, episode_root)
         scripts = author.write_scripts(
             info, scripts_per_task, task_seed(task.id, seed), mistake_rate
         )
@@ -103,6 +120,9 @@ def execute_corpus(
                 "stderr_tail": r.stderr_tail[-1000:],
                 "model": spec.model,
                 "mistake": spec.mistake or "",
+                "error_type": r.error_type,
+                "validation": r.validation,
+                "episode": episode_root is not None,
             }
             log.write(json.dumps(rec) + "\n")
             log.flush()

@@ -156,15 +156,18 @@ class Observation:
 def make_observation(
     status: Status | int, error_type: str, runtime_s: float, validation: float | None
 ) -> Observation:
-    """An Observation with its fields checked and rounded; the one constructor for real and
-    WM-predicted fields. ``validation`` is kept only for a VALID status; ``error_type`` must
-    be "none" unless the status is RUNTIME_ERROR."""
+    """An Observation with its fields checked, made consistent and rounded: the one
+    constructor for real and WM-predicted fields (a WM's heads predict each field on its
+    own). ``error_type`` must be one of ``ERROR_TYPES`` (ValueError naming it otherwise); it is
+    forced to "none" unless the status is RUNTIME_ERROR, and a RUNTIME_ERROR with "none" reads
+    "other". ``validation`` is kept only for a VALID status. ``runtime_s`` must be finite;
+    it is clipped at 0 and rounded to ``RUNTIME_DECIMALS`` (Python's ``round``)."""
     status = Status(int(status))
     if error_type not in ERROR_TYPES:
         raise ValueError(f"error_type {error_type!r} is not one of {ERROR_TYPES}")
-    if status != Status.RUNTIME_ERROR and error_type != "none":
-        raise ValueError(f"error_type {error_type!r} needs status RUNTIME_ERROR, got {status.name}")
-    if status == Status.RUNTIME_ERROR and error_type == "none":
+    if status != Status.RUNTIME_ERROR:
+        error_type = "none"
+    elif error_type == "none":
         error_type = "other"
     if not math.isfinite(float(runtime_s)):
         raise ValueError(f"runtime_s must be finite, got {runtime_s!r}")
