@@ -206,3 +206,53 @@ def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
     grad = np.asarray(grad)
     assert (grad[:, :P] == 0).all()
     assert np.abs(grad[:, P:][loss_mask[:, P:] > 0]).max() > 0
+
+
+def test_sigkill_then_rerun_equals_uninterrupted_run_at_two_turns(mt_shared, tmp_path):
+    """SIGKILL a K = 2 run mid step 3 (after the checkpoint of step 2), rerun the same
+    command: the uninterrupted run's results. A script's real runtime differs between two
+    executions (and it is in the observation the next turn reads), so two independent runs
+    cannot be compared: the killed run is given the uninterrupted run's executions as its
+    journal (what a resumed run reads back), and must then execute nothing new: every script
+    it generates, before and after the restart, is one the uninterrupted run executed."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import time
+
+    from tests.rl_fixtures import ROOT, main_cmd, run_main, tiny_flags
+    from tests.test_rl_resume import outcome
+
+    data_dir, init_dir = mt_shared
+    flags = tiny_flags(
+        data_dir, init_dir, **MULTITURN, rl__steps=3, rl__eval_every=2, rl__keep_checkpoints=5
+    )
+    straight = tmp_path / "straight"
+    proc = run_main(straight, flags, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wd = tmp_path / "killed"
+    wd.mkdir()
+    for name in ("anchors.jsonl", "heldout.jsonl"):
+        shutil.copy(straight / name, wd / name)
+    journal = (wd / "anchors.jsonl").read_text()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(
+        main_cmd(wd, flags), cwd=ROOT, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 900
+    while not (wd / "checkpoints" / "2").is_dir():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint of step 2 appeared"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (wd / "summary.json").exists()
+    resumed = run_main(wd, flags, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from the checkpoint of step 2" in resumed.stdout + resumed.stderr
+    assert outcome(wd) == outcome(straight)
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (wd, straight))
+    assert a["final_heldout_reward_by_turn"] == b["final_heldout_reward_by_turn"]
+    assert (wd / "anchors.jsonl").read_text() == journal  # nothing executed anew

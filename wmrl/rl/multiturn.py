@@ -433,13 +433,12 @@ class MultiTurnTrainer(Trainer):
             N = len(ep.scripts[0])
             real = (np.arange(self.K)[:, None] * N + routed.anchor_idx[None, :]).reshape(-1)
             flat = lambda a: a.reshape(-1)[real]
-            # The observation targets of the real turns: the runtime where the script ran;
-            # error type and validation metric (K > 1: single-turn replays carry none).
+            # The observation targets of the real turns (the runtime where the script ran).
             runtime = rldata.executed_runtime(flat(ep.status), flat(ep.obs_arrays["runtime"]))
-            more = {k: flat(ep.obs_arrays[k]) for k in ("error_type", "validation")}
             replay = replay.add(
                 {k: rows[k][real] for k in ("tokens", "input_mask")}, flat(ep.reward),
-                flat(ep.status), runtime=runtime, **(more if self.K > 1 else {}),
+                flat(ep.status), runtime=runtime, error_type=flat(ep.obs_arrays["error_type"]),
+                validation=flat(ep.obs_arrays["validation"]),
             )  # fmt: skip
             wm = self._wm_online(wm, replay, st.step)
         jax.block_until_ready((policy, wm))
