@@ -103,6 +103,11 @@ def get_config() -> ml_collections.ConfigDict:
     # (1 - P(timeout)) * reward head + P(timeout) * TIMEOUT's reward, P(timeout) under the
     # script's time limit (the task's, capped by suite.time_limit_s). docs/results.md.
     c.wm.runtime_coef = 0.5
+    # Multi-turn feedback heads (wmrl/rl/wm_observation.py; 0 = no head): the exception class
+    # of a RUNTIME_ERROR (observation.ERROR_TYPES) and the raw validation metric (episode
+    # executions only). The single-turn job reads no feedback: off.
+    c.wm.error_type_coef = 0.0
+    c.wm.validation_coef = 0.0
     c.wm.trunk_from_policy = False  # WM trunk = the warm-started policy's (its width, weights)
     c.wm.validation_every = 0  # k > 0: every k-th script of a train task is held out (report)
     c.wm.group_rows = 1  # pretraining batches of tasks x this many of their scripts (1 = rows)

@@ -1,6 +1,7 @@
 """The world model's observation heads: runtime (censored log-normal) and the time-out-aware
 score, on hand numbers; and a tiny training run in which the heads learn a planted signal."""
 
+import dataclasses
 import math
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 from flax import nnx
 
 from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.observation import ERROR_TYPES
 from wmrl.models.config import TransformerConfig
 from wmrl.models.sharding import make_mesh
 from wmrl.models.train_steps import init_train_state, make_wm_score_fn, make_wm_train_step
@@ -118,60 +120,150 @@ def test_runtime_head_params_exist_only_when_on():
     assert set(on) - set(plain) == {"runtime_w1", "runtime_b1", "runtime_w2", "runtime_b2"}
 
 
+ERRORS = ("NameError", "KeyError", "ValueError", "TypeError")
+PLANTED = (Status.RUNTIME_ERROR, Status.NO_SUBMISSION, Status.INVALID_SUBMISSION, Status.VALID)
+
+
 def _planted(rng, n):
-    """Token 1 (of 4..11) sets the log runtime (linear, noise sd 0.2) under a 20 s limit:
-    the slowest codes time out, recorded at the limit (censored)."""
-    tokens = rng.integers(4, 40, (n, 6)).astype(np.int32)
+    """Each field set by one token (the rest noise): token 1 (of 4..11) the log runtime
+    (linear, noise sd 0.2) under a 20 s limit, the slowest codes time out (recorded at the
+    limit: censored) and are TIMEOUT; token 2 the status otherwise (one of `PLANTED`); token 3
+    the exception class of a RUNTIME_ERROR (one of `ERRORS`); token 4 the validation metric of
+    a VALID script."""
+    tokens = rng.integers(24, 44, (n, 6)).astype(np.int32)
     code = rng.integers(4, 12, n)
-    tokens[:, 1] = code
+    s_code, e_code, v_code = rng.integers(0, 4, n), rng.integers(0, 4, n), rng.integers(0, 4, n)
+    tokens[:, 1], tokens[:, 2], tokens[:, 3] = code, 12 + s_code, 16 + e_code
+    tokens[:, 4] = 20 + v_code
     log_rt = (code - 4) * 0.6 - 1.0 + 0.2 * rng.normal(size=n)
     timed_out = log_rt > math.log(20.0)
-    log_rt = np.minimum(log_rt, math.log(20.0))
-    return tokens, log_rt.astype(np.float32), timed_out
+    status = np.where(timed_out, int(Status.TIMEOUT), np.array([int(s) for s in PLANTED])[s_code])
+    error = np.where(status == int(Status.RUNTIME_ERROR),
+                     np.array([ERROR_TYPES.index(e) for e in ERRORS])[e_code], -1)  # fmt: skip
+    validation = np.where(status == int(Status.VALID), 0.6 + 0.1 * v_code, np.nan)
+    return {
+        "tokens": tokens, "log_runtime": np.minimum(log_rt, math.log(20.0)).astype(np.float32),
+        "timed_out": timed_out, "status": status.astype(np.int32),
+        "error_type": error.astype(np.int32), "validation": validation.astype(np.float32),
+    }  # fmt: skip
+
+
+WM_ALL = dataclasses.replace(WM_RT, num_error_types=len(ERROR_TYPES), validation_head=True)
 
 
 @pytest.fixture(scope="module")
-def trained_runtime():
+def trained():
     rng = np.random.default_rng(0)
-    tokens, log_rt, timed_out = _planted(rng, 2048)
+    d = _planted(rng, 2048)
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
     tx = optax.adam(3e-3)
-    graphdef, state = init_train_state(lambda: WorldModel(WM_RT, rngs=nnx.Rngs(0)), tx, mesh)
-    status = np.where(timed_out, int(Status.TIMEOUT), int(Status.VALID)).astype(np.int32)
+    graphdef, state = init_train_state(lambda: WorldModel(WM_ALL, rngs=nnx.Rngs(0)), tx, mesh)
 
     def batch(idx):
+        v = d["validation"][idx]
         return {
-            "tokens": tokens[idx], "input_mask": np.ones((len(idx), 6), bool),
+            "tokens": d["tokens"][idx], "input_mask": np.ones((len(idx), 6), bool),
             "target": np.full(len(idx), 0.5, np.float32),
-            "member_weights": np.ones((len(idx), 3), np.float32), "class_label": status[idx],
-            "log_runtime": log_rt[idx], "runtime_mask": np.ones(len(idx), np.float32),
-            "timed_out": timed_out[idx],
+            "member_weights": np.ones((len(idx), 3), np.float32), "class_label": d["status"][idx],
+            "log_runtime": d["log_runtime"][idx], "runtime_mask": np.ones(len(idx), np.float32),
+            "timed_out": d["timed_out"][idx], "error_type": d["error_type"][idx],
+            "validation": np.nan_to_num(v), "validation_mask": np.isfinite(v).astype(np.float32),
         }  # fmt: skip
 
     shard = jax.tree.map(lambda x: x.sharding, state)
-    step = make_wm_train_step(graphdef, tx, shard, batch(np.arange(64)), mesh, runtime_coef=1.0)
-    for _ in range(150):
-        state, _ = step(state, batch(rng.integers(0, len(tokens), 64)))
-    return graphdef, state, shard, mesh
-
-
-def test_the_runtime_head_learns_a_planted_runtime_and_its_timeouts(trained_runtime):
-    graphdef, state, shard, mesh = trained_runtime
-    tokens, log_rt, timed_out = _planted(np.random.default_rng(1), 512)
+    step = make_wm_train_step(graphdef, tx, shard, batch(np.arange(64)), mesh, runtime_coef=1.0,
+                              error_type_coef=1.0, validation_coef=1.0)  # fmt: skip
+    for _ in range(200):
+        state, _ = step(state, batch(rng.integers(0, 2048, 64)))
     score = make_wm_score_fn(graphdef, shard, mesh)
-    out = score(state.params, tokens, np.ones(tokens.shape, bool), np.full(512, 20.0))
+    test = _planted(np.random.default_rng(1), 512)
+    limits = np.full(512, 20.0)
+    out = score(state.params, test["tokens"], np.ones(test["tokens"].shape, bool), limits,
+                outputs=True)  # fmt: skip
+    return {"score": score, "params": state.params, "test": test, "out": out}
+
+
+def test_the_runtime_head_learns_a_planted_runtime_and_its_timeouts(trained):
+    test, out = trained["test"], trained["out"]
     pred = np.log(np.asarray(out["runtime_s"]))
-    done = ~timed_out
+    done = ~test["timed_out"]
     # Chance is 0 with a null sd of 1/sqrt(n) ~ 0.05: 0.5 is a 10-sd margin (the planted
     # code explains ~97% of the variance; a tiny mean-pooled trunk gets ~0.8 in 150 steps).
-    corr = np.corrcoef(pred[done], log_rt[done])[0, 1]
+    corr = np.corrcoef(pred[done], test["log_runtime"][done])[0, 1]
     assert corr > 0.5, corr
     # AUC: chance 0.5, null sd ~ sqrt((n1 + n0 + 1) / (12 n1 n0)) < 0.05 here: 0.8 is > 6 sd.
     p = np.asarray(out["p_timeout"])
-    auc = (p[timed_out][:, None] > p[done][None, :]).mean()
-    assert timed_out.sum() > 20 and auc > 0.8, auc
+    auc = (p[~done][:, None] > p[done][None, :]).mean()
+    assert (~done).sum() > 20 and auc > 0.8, auc
     # a tighter limit makes every script more likely to time out, and lowers its score
-    tight = score(state.params, tokens, np.ones(tokens.shape, bool), np.full(512, 2.0))
+    tokens = test["tokens"]
+    tight = trained["score"](trained["params"], tokens, np.ones(tokens.shape, bool),
+                             np.full(512, 2.0))  # fmt: skip
     assert (np.asarray(tight["p_timeout"]) >= p - 1e-6).all()
     slow = tokens[:, 1] >= 10
     assert np.asarray(tight["score"])[slow].mean() < np.asarray(out["score"])[slow].mean()
+
+
+def test_status_error_type_and_validation_heads_learn_planted_fields(trained):
+    test, raw = trained["test"], trained["out"]["outputs"]
+    status = test["status"]
+    acc = (np.asarray(raw["class_logits"]).argmax(1) == status).mean()
+    chance = np.bincount(status).max() / len(status)  # always the majority class
+    # null sd of an accuracy at the chance rate: sqrt(c (1 - c) / n) ~ 0.02; margin >= 10 sd
+    assert acc > chance + 0.2, (acc, chance)
+    rt = status == int(Status.RUNTIME_ERROR)
+    err_acc = (np.asarray(raw["error_logits"]).argmax(1)[rt] == test["error_type"][rt]).mean()
+    assert rt.sum() > 60 and err_acc > 0.25 + 0.3, err_acc  # chance 1/4, null sd ~ 0.05
+    ok = status == int(Status.VALID)
+    corr = np.corrcoef(np.asarray(raw["validation_mean"])[ok], test["validation"][ok])[0, 1]
+    assert corr > 0.5, corr
+
+
+def test_predict_observation_from_the_trained_heads_recovers_the_planted_fields(trained):
+    """The observations written from the trained WM's heads carry the planted status, error
+    type and runtime (a tiny task stands in for each row's leaderboard and metric)."""
+    from types import SimpleNamespace
+
+    from wmrl.envs.autoresearch.metrics import get_metric
+    from wmrl.rl.wm_observation import predict_observation
+
+    test, out = trained["test"], trained["out"]
+    task = SimpleNamespace(reference_scores=(0.5, 0.7, 0.9), metric=get_metric("accuracy"),
+                           metric_name="accuracy")  # fmt: skip
+    n = len(test["status"])
+    scripts = ["print(1)\n"] * n  # compiles, binds every name: the static check knows nothing
+    obs = predict_observation(out, [task] * n, scripts, np.full(n, 20.0), static="names")
+    got = np.array([int(o.status) for o in obs])
+    chance = np.bincount(test["status"]).max() / n
+    assert (got == test["status"]).mean() > chance + 0.2
+    both = (got == int(Status.RUNTIME_ERROR)) & (test["status"] == int(Status.RUNTIME_ERROR))
+    err = np.array([ERROR_TYPES.index(o.error_type) for o in obs])
+    assert both.sum() > 40 and (err[both] == test["error_type"][both]).mean() > 0.55
+    assert all(o.error_type == "none" for o in obs if o.status != Status.RUNTIME_ERROR)
+    assert all(o.runtime_s == 20.0 for o in obs if o.status == Status.TIMEOUT)
+    assert all(o.runtime_s <= 20.0 for o in obs)
+    valid = [o for o in obs if o.status == Status.VALID]
+    assert valid and all(0.5 <= o.validation <= 0.9 for o in valid)  # on the leaderboard
+    assert all(o.validation is None for o in obs if o.status != Status.VALID)
+
+
+def test_corpus_targets_runtime_and_error_type_from_the_records():
+    from wmrl.rl.data import reward_targets
+
+    tb = "Traceback (most recent call last):\n  File \"x.py\", line 3\nKeyError: 'Label'\n"
+    recs = [
+        {"status": int(Status.RUNTIME_ERROR), "reward": 0.1, "runtime_s": 1.5, "stderr_tail": tb},
+        {"status": int(Status.MALFORMED), "reward": 0.0, "runtime_s": 0.0, "stderr_tail": ""},
+        {"status": int(Status.VALID), "reward": 0.8, "runtime_s": 3.0, "stderr_tail": "",
+         "validation": 0.84},
+        {"status": int(Status.UNGRADED), "reward": None, "runtime_s": 2.0, "stderr_tail": ""},
+        {"status": int(Status.RUNTIME_ERROR), "reward": 0.1, "runtime_s": 0.5,
+         "error_type": "TypeError"},  # an episode record carries its own
+    ]  # fmt: skip
+    t = reward_targets(recs)
+    np.testing.assert_array_equal(np.isnan(t["runtime"]), [False, True, False, True, False])
+    np.testing.assert_allclose(t["runtime"][[0, 2, 4]], [1.5, 3.0, 0.5])
+    names = [ERROR_TYPES[i] if i >= 0 else None for i in t["error_type"]]
+    assert names == ["KeyError", "none", "none", None, "TypeError"]
+    np.testing.assert_allclose(t["validation"][2], 0.84, rtol=1e-6)
+    assert np.isnan(t["validation"][[0, 1, 3, 4]]).all()

@@ -234,14 +234,17 @@ def make_policy_train_step(
 
 def make_wm_train_step(
     graphdef, tx, shardings, example_batch, mesh, class_coef=1.0, num_micro_batches=1,
-    rank_coef=0.0, runtime_coef=0.0,
+    rank_coef=0.0, runtime_coef=0.0, error_type_coef=0.0, validation_coef=0.0,
 ):  # fmt: skip
     """`wm_train_step(state, batch) -> (state, metrics)`: bootstrap-weighted Gaussian NLL per
     ensemble member + class cross-entropy (+ the within-group ranking loss with `rank_coef`,
-    + the runtime head's censored NLL with `runtime_coef`; see
+    + the runtime head's censored NLL with `runtime_coef`, the error-type and validation
+    heads' with `error_type_coef`, `validation_coef`; see
     `wmrl.models.world_model.wm_loss`)."""
     return make_train_step(
-        graphdef, tx, wm_loss_fn(class_coef, rank_coef, runtime_coef), wm_normalisers,
+        graphdef, tx,
+        wm_loss_fn(class_coef, rank_coef, runtime_coef, error_type_coef, validation_coef),
+        wm_normalisers,
         shardings, example_batch, mesh, num_micro_batches,
     )  # fmt: skip
 

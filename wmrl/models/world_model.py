@@ -26,6 +26,12 @@ on the scripts that did not time out (E[r | the script finishes]), so a script t
 times out cannot get a high predicted score. The limit is an input (the RL run's cap may be
 below the limit the corpus was executed under: a 30 s script that was VALID in the corpus
 times out under a 20 s cap).
+
+Observation heads (the multi-turn feedback a WM writes, `wmrl.rl.wm_observation`): the class
+head is the status head (over the ladder's statuses); `num_error_types > 0` adds a linear
+error-type head (logits over `observation.ERROR_TYPES`, trained on RUNTIME_ERROR rows only:
+P(exception class | runtime error)); `validation_head` an MLP predicting the mean and
+log-variance of the raw validation metric (trained where an episode execution measured one).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ class WorldModelConfig:
     max_log_var: float = 4.0
     runtime_head: bool = False
     timeout_reward: float = 0.1
+    num_error_types: int = 0
+    validation_head: bool = False
 
     def __post_init__(self):
         if self.num_members < 1:
@@ -101,10 +109,20 @@ class WorldModel(nnx.Module):
             self.runtime_b1 = nnx.Param(jnp.zeros((Hh,), pd), logical_axes=("mlp",))
             self.runtime_w2 = nnx.Param(normal((Hh, 2), Hh**-0.5), logical_axes=("mlp", None))
             self.runtime_b2 = nnx.Param(jnp.zeros((2,), pd), logical_axes=(None,))
+        if cfg.num_error_types:
+            E = cfg.num_error_types
+            self.error_w = nnx.Param(normal((D, E), D**-0.5), logical_axes=("embed", "classes"))
+        if cfg.validation_head:  # [D] -> (mean, raw log-variance) of the validation metric
+            self.validation_w1 = nnx.Param(normal((D, Hh), D**-0.5), logical_axes=("embed", "mlp"))
+            self.validation_b1 = nnx.Param(jnp.zeros((Hh,), pd), logical_axes=("mlp",))
+            self.validation_w2 = nnx.Param(normal((Hh, 2), Hh**-0.5), logical_axes=("mlp", None))
+            self.validation_b2 = nnx.Param(jnp.zeros((2,), pd), logical_axes=(None,))
 
     def __call__(self, tokens: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
         """`tokens, mask: [B, T]` -> `mean, log_var: [M, B]` (float32), `class_logits: [B, C]`,
-        with the runtime head `runtime_mean, runtime_log_var: [B]` (log seconds).
+        with the runtime head `runtime_mean, runtime_log_var: [B]` (log seconds), with the
+        error-type head `error_logits: [B, E]`, with the validation head `validation_mean,
+        validation_log_var: [B]`.
 
         The trunk's final states are mean-pooled over real tokens: invariant to
         padding side and length, and every trajectory token feeds the reward.
@@ -124,6 +142,14 @@ class WorldModel(nnx.Module):
                                self.runtime_b2)]  # fmt: skip
             rt_mean, rt_raw = _member(w1, b1, w2, b2, pooled)
             out["runtime_mean"], out["runtime_log_var"] = rt_mean, self._clamp(rt_raw)
+        if self.cfg.num_error_types:
+            out["error_logits"] = pooled @ self.error_w.get_value().astype(jnp.float32)
+        if self.cfg.validation_head:
+            w1, b1, w2, b2 = [p.get_value().astype(jnp.float32) for p in
+                              (self.validation_w1, self.validation_b1, self.validation_w2,
+                               self.validation_b2)]  # fmt: skip
+            v_mean, v_raw = _member(w1, b1, w2, b2, pooled)
+            out["validation_mean"], out["validation_log_var"] = v_mean, self._clamp(v_raw)
         return out
 
     def _clamp(self, raw: jax.Array) -> jax.Array:
@@ -229,12 +255,16 @@ def wm_normalisers(batch: dict) -> dict[str, jax.Array]:
         out["rank"] = jnp.maximum(jnp.sum(pairs) * batch["member_weights"].shape[1], 1.0)
     if "runtime_mask" in batch:
         out["runtime"] = jnp.maximum(jnp.sum(batch["runtime_mask"]), 1.0)
+    if "error_type" in batch:
+        out["error"] = jnp.maximum(jnp.sum((batch["error_type"] >= 0).astype(jnp.float32)), 1.0)
+    if "validation_mask" in batch:
+        out["validation"] = jnp.maximum(jnp.sum(batch["validation_mask"]), 1.0)
     return out
 
 
 def wm_loss(
     outputs: dict, batch: dict, normaliser: dict, class_coef: float = 1.0, rank_coef: float = 0.0,
-    runtime_coef: float = 0.0,
+    runtime_coef: float = 0.0, error_type_coef: float = 0.0, validation_coef: float = 0.0,
 ):  # fmt: skip
     """Bootstrap-weighted Gaussian NLL over members + class cross-entropy (+ with `rank_coef`
     the within-group pairwise ranking loss, + with `runtime_coef` the runtime head's censored
@@ -244,8 +274,10 @@ def wm_loss(
     (int, -1 = no label), optional `group: [B]` (int task index, -1 = none) and `graded: [B]`
     (bool) for the ranking loss, optional `log_runtime: [B]` (log seconds), `runtime_mask:
     [B]` (float, 0 = unknown) and `timed_out: [B]` (bool: the runtime is a lower bound) for
-    the runtime head. Returns (loss divided by the global normalisers, metrics as (sum,
-    count) pairs).
+    the runtime head; optional `error_type: [B]` (int, -1 = no label) for the error-type
+    head's cross-entropy (`error_type_coef`) and `validation: [B]`, `validation_mask: [B]`
+    for the validation head's Gaussian NLL (`validation_coef`). Returns (loss divided by the
+    global normalisers, metrics as (sum, count) pairs).
     """
     weights = batch["member_weights"].T  # [M, B]
     nll = gaussian_nll(outputs["mean"], outputs["log_var"], batch["target"][None])
@@ -284,15 +316,36 @@ def wm_loss(
         done = rmask * (1.0 - batch["timed_out"].astype(jnp.float32))
         err = jnp.abs(outputs["runtime_mean"] - batch["log_runtime"]) * done
         metrics["runtime_log_mae"] = (jnp.sum(err), jnp.sum(done))
+    if error_type_coef and "error_logits" in outputs and "error_type" in batch:
+        labels = batch["error_type"]
+        known = (labels >= 0).astype(jnp.float32)
+        logp = jax.nn.log_softmax(outputs["error_logits"], axis=-1)
+        ce = -jnp.take_along_axis(logp, jnp.maximum(labels, 0)[:, None], axis=-1)[:, 0]
+        ce_sum = jnp.sum(ce * known)
+        loss = loss + error_type_coef * ce_sum / normaliser["error"]
+        hit = (jnp.argmax(logp, axis=-1) == labels).astype(jnp.float32) * known
+        metrics["error_ce"] = (ce_sum, jnp.sum(known))
+        metrics["error_acc"] = (jnp.sum(hit), jnp.sum(known))
+    if validation_coef and "validation_mean" in outputs and "validation_mask" in batch:
+        vmask = batch["validation_mask"]
+        nll_v = gaussian_nll(outputs["validation_mean"], outputs["validation_log_var"],
+                             batch["validation"])  # fmt: skip
+        v_sum = jnp.sum(nll_v * vmask)
+        loss = loss + validation_coef * v_sum / normaliser["validation"]
+        metrics["validation_nll"] = (v_sum, jnp.sum(vmask))
     return loss, metrics
 
 
-def wm_loss_fn(class_coef: float = 1.0, rank_coef: float = 0.0, runtime_coef: float = 0.0):
+def wm_loss_fn(
+    class_coef: float = 1.0, rank_coef: float = 0.0, runtime_coef: float = 0.0,
+    error_type_coef: float = 0.0, validation_coef: float = 0.0,
+):  # fmt: skip
     """Loss function in the `wmrl.models.train_steps.make_train_step` convention."""
 
     def loss_fn(model: WorldModel, mb: dict, normaliser: dict):
         out = model(mb["tokens"], mb["input_mask"])
-        return wm_loss(out, mb, normaliser, class_coef, rank_coef, runtime_coef)
+        return wm_loss(out, mb, normaliser, class_coef, rank_coef, runtime_coef,
+                       error_type_coef, validation_coef)  # fmt: skip
 
     return loss_fn
 

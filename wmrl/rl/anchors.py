@@ -24,6 +24,7 @@ import numpy as np
 
 from wmrl import distributed
 from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.observation import ERROR_TYPES
 from wmrl.jsonl import JsonlWriter, read_jsonl
 from wmrl.rl.state import Pending
 
@@ -61,16 +62,20 @@ class AnchorJournal:
 
     def record(
         self, step: int, row: int, script: str, task_id: str, status: int, reward,
-        runtime_s: float | None = None,
+        runtime_s: float | None = None, error_type: str | None = None, validation=None,
     ) -> dict:  # fmt: skip
-        """Journal one outcome; `runtime_s` (the WM's runtime target) is optional, and records
-        of older journals lack it."""
+        """Journal one outcome; `runtime_s`, `error_type` and `validation` (the WM's
+        observation targets) are optional, and records of older journals lack them."""
         if reward is not None and math.isnan(reward):
             reward = None
         rec = {"step": step, "row": row, "sha": _sha(script), "task_id": task_id,
                "status": int(status), "reward": reward}  # fmt: skip
         if runtime_s is not None and math.isfinite(runtime_s):
             rec["runtime_s"] = float(runtime_s)
+        if error_type is not None:
+            rec["error_type"] = str(error_type)
+        if validation is not None and math.isfinite(validation):
+            rec["validation"] = float(validation)
         self._w.write([rec])
         self.done[(step, row)] = rec
         return rec
@@ -125,6 +130,8 @@ class Outcomes:
     status: np.ndarray  # [n] int32 grader status
     new: int  # executions not taken from a journal, over all processes
     runtime_s: np.ndarray | None = None  # [n] float32 seconds, NaN where not journalled
+    error_type: np.ndarray | None = None  # [n] int32 index into ERROR_TYPES, -1 = unknown
+    validation: np.ndarray | None = None  # [n] float32 raw validation metric, NaN = none
 
 
 class AnchorQueue:
@@ -167,6 +174,8 @@ class AnchorQueue:
             sub.items[k] = self.journal.record(
                 sub.step, int(sub.rows[k]), sub.scripts[k], sub.tasks[k].id, res.status, reward,
                 runtime_s=getattr(res, "runtime_s", None),
+                error_type=getattr(res, "error_type", None),
+                validation=getattr(res, "validation", None),
             )  # fmt: skip
             new += 1
         return new
@@ -177,17 +186,21 @@ class AnchorQueue:
         new = self._resolve(sub) + sub.resolved_new
         r_env = np.zeros(n, np.float32)
         status = np.full(n, int(Status.UNGRADED), np.int32)
-        runtime = np.full(n, np.nan, np.float32)
+        obs = {"runtime_s": np.full(n, np.nan, np.float32),
+               "error_type": np.full(n, -1, np.int32),
+               "validation": np.full(n, np.nan, np.float32)}  # fmt: skip
         for k, rec in sub.items.items():
             status[k] = rec["status"]
             r_env[k] = 0.0 if rec["reward"] is None else rec["reward"]
-            runtime[k] = rec.get("runtime_s", np.nan)
+            obs["runtime_s"][k] = rec.get("runtime_s", np.nan)
+            if rec.get("error_type") in ERROR_TYPES:
+                obs["error_type"][k] = ERROR_TYPES.index(rec["error_type"])
+            obs["validation"][k] = rec.get("validation", np.nan)
         owner = distributed.round_robin_owners(n)
-        out = distributed.merge_from_owners(
-            {"r_env": r_env, "status": status, "runtime_s": runtime}, owner
-        )
+        out = distributed.merge_from_owners({"r_env": r_env, "status": status, **obs}, owner)
         new = int(distributed.allgather_host(np.int64(new)).sum())
-        return Outcomes(sub.step, sub.rows, out["r_env"], out["status"], new, out["runtime_s"])
+        return Outcomes(sub.step, sub.rows, out["r_env"], out["status"], new,
+                        **{k: out[k] for k in obs})  # fmt: skip
 
     def exchange(
         self, sub: Submission, pending: Pending, describe: Callable[[Pending], tuple]

@@ -40,7 +40,10 @@ OPTIONAL_FIELDS = ("model", "mesh_shape")
 # Fields added after runs were written, with the value that reproduces what those runs did:
 # a saved config (or stage fingerprint) without one is compared as if it had that value.
 # (`env`: a run or stage saved before multi-turn episodes existed was single-turn.)
-LEGACY_DEFAULTS = {"wm.runtime_coef": 0.0, "env.turns": 1, "env.sft_episodes_per_task": 4}
+LEGACY_DEFAULTS = {
+    "wm.runtime_coef": 0.0, "wm.error_type_coef": 0.0, "wm.validation_coef": 0.0,
+    "env.turns": 1, "env.sft_episodes_per_task": 4,
+}  # fmt: skip
 
 RESUMABLE_FIELDS = (
     "rl.steps", "rl.max_wall_time_s", "rl.eval_every", "rl.eval_every_s", "rl.eval_at_s",
@@ -157,7 +160,8 @@ def _check_numbers(config) -> None:
     ):
         _finite(config, field, above=0)  # fmt: skip
     for field in ("rl.clip_eps", "rl.kl_coef", "rl.max_wall_time_s", "rl.entropy_coef",
-                  "wm.rank_coef", "wm.runtime_coef", "correction.min_slope"):  # fmt: skip
+                  "wm.rank_coef", "wm.runtime_coef", "wm.error_type_coef",
+                  "wm.validation_coef", "correction.min_slope"):  # fmt: skip
         _finite(config, field, least=0)
     _finite(config, "rl.std_eps", above=0)
     for field, high in (("correction.rho", 1.0), ("correction.min_slope", 0.999999)):
@@ -370,7 +374,7 @@ class TrainerConfig:
     wm_batch_size: int
     wm_members: int
     replay_size: int
-    wm_runtime_coef: float  # the runtime head's loss weight (0 = no head)
+    wm_head_coefs: dict  # the observation heads' loss weights (`models.head_coefs`)
     time_limit_cap_s: float  # suite.time_limit_s: caps each task's limit (0 = none)
     routing: RoutingConfig
     debias: DebiasConfig
@@ -390,7 +394,9 @@ def trainer_config(config) -> TrainerConfig:
         std_eps=rl.std_eps, eval_samples=rl.eval_samples, learning_rate=rl.learning_rate,
         wm_learning_rate=wm.online_learning_rate, wm_online_steps=wm.online_steps,
         wm_batch_size=wm.batch_size, wm_members=wm.num_members, replay_size=wm.replay_size,
-        wm_runtime_coef=wm.runtime_coef, time_limit_cap_s=config.suite.time_limit_s,
+        wm_head_coefs={k: float(wm[k]) for k in ("runtime_coef", "error_type_coef",
+                                                 "validation_coef")},
+        time_limit_cap_s=config.suite.time_limit_s,
         routing=routing_config(config), debias=debias_config(config),
         denoise=denoise_config(config),
     )  # fmt: skip

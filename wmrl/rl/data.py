@@ -25,6 +25,7 @@ from wmrl.config_errors import ConfigError
 from wmrl.envs.autoresearch.dataset import SEP, execute_corpus
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.make_task import task_info
+from wmrl.envs.autoresearch.observation import ERROR_TYPES, error_type_of
 from wmrl.envs.autoresearch.task import Task, load_suite
 from wmrl.rl import pretrained
 from wmrl.tokenizer import Tokenizer
@@ -250,7 +251,26 @@ def reward_targets(records: list[dict]) -> dict[str, np.ndarray]:
         "class_label": np.where(graded, status, -1).astype(np.int32),
         "valid": graded & ~np.isnan(reward),
         "runtime": executed_runtime(status, [r.get("runtime_s") for r in records]),
+        "error_type": error_type_index(records, status),
+        # The raw validation metric: only an episode task's execution measures one.
+        "validation": np.array(
+            [math.nan if r.get("validation") is None else r["validation"] for r in records],
+            np.float32,
+        ),
     }
+
+
+def error_type_index(records: list[dict], status: np.ndarray) -> np.ndarray:
+    """[n] int32 index into `observation.ERROR_TYPES` of each record's exception class: its
+    `error_type` where recorded, else read from its `stderr_tail` (`error_type_of`); -1 for
+    ungraded rows."""
+    out = np.full(len(records), -1, np.int32)
+    for i, r in enumerate(records):
+        if status[i] == int(Status.UNGRADED):
+            continue
+        name = r.get("error_type") or error_type_of(r.get("stderr_tail", ""), Status(status[i]))
+        out[i] = ERROR_TYPES.index(name)
+    return out
 
 
 def time_limit(task: Task, cap_s: float = 0.0) -> float:

@@ -15,6 +15,7 @@ from flax import nnx
 from wmrl.config_errors import ConfigError
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.grader import reward as status_reward
+from wmrl.envs.autoresearch.observation import ERROR_TYPES
 from wmrl.models.config import named_config
 from wmrl.models.sharding import make_mesh, param_shardings
 from wmrl.models.train_steps import (
@@ -71,10 +72,24 @@ def wm_config(config, vocab_size: int) -> WorldModelConfig:
                             **_head_fields(config))  # fmt: skip
 
 
+def head_coefs(config) -> dict:
+    """The loss weights of the WM's optional heads (`wm.runtime_coef`, `wm.error_type_coef`,
+    `wm.validation_coef`); 0 = no such head."""
+    w = config.wm
+    return {"runtime_coef": float(w.runtime_coef), "error_type_coef": float(w.error_type_coef),
+            "validation_coef": float(w.validation_coef)}  # fmt: skip
+
+
 def _head_fields(config) -> dict:
     """The WM's optional heads, from their loss weights (0 = no head: the parameter layout of
     a WM without it, so such runs and stages load unchanged)."""
-    return {"runtime_head": config.wm.runtime_coef > 0, "timeout_reward": TIMEOUT_REWARD}
+    c = head_coefs(config)
+    return {
+        "runtime_head": c["runtime_coef"] > 0,
+        "timeout_reward": TIMEOUT_REWARD,
+        "num_error_types": len(ERROR_TYPES) if c["error_type_coef"] > 0 else 0,
+        "validation_head": c["validation_coef"] > 0,
+    }
 
 
 def make_rl_mesh(config):
@@ -236,23 +251,40 @@ def policy_step(m: Model, example: dict, config):
     return make_policy_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh, loss, micro)
 
 
-def wm_step(m: Model, example: dict, rank_coef: float = 0.0, runtime_coef: float = 0.0):
+def wm_step(
+    m: Model, example: dict, rank_coef: float = 0.0, runtime_coef: float = 0.0,
+    error_type_coef: float = 0.0, validation_coef: float = 0.0,
+):  # fmt: skip
     """The WM train step; with `rank_coef` (and `group` in the batch) the within-group
-    pairwise ranking loss is added to the NLL, with `runtime_coef` the runtime head's."""
-    return make_wm_train_step(m.graphdef, m.tx, m.shardings, example, m.mesh,
-                              rank_coef=rank_coef, runtime_coef=runtime_coef)  # fmt: skip
+    pairwise ranking loss is added to the NLL, with the other weights (`head_coefs`) the
+    observation heads' losses."""
+    return make_wm_train_step(
+        m.graphdef, m.tx, m.shardings, example, m.mesh, rank_coef=rank_coef,
+        runtime_coef=runtime_coef, error_type_coef=error_type_coef,
+        validation_coef=validation_coef,
+    )  # fmt: skip
+
+
+def head_batch_flags(coefs: dict) -> dict:
+    """`wm_batch`'s target flags for the heads with a non-zero weight (`head_coefs`)."""
+    return {"runtime": coefs["runtime_coef"] > 0, "error_type": coefs["error_type_coef"] > 0,
+            "validation": coefs["validation_coef"] > 0}  # fmt: skip
 
 
 def wm_batch(
-    rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members: int, runtime=False
-) -> dict:
+    rows: dict, idx: np.ndarray, rng: np.random.Generator, num_members: int, runtime=False,
+    error_type=False, validation=False,
+) -> dict:  # fmt: skip
     """A WM training batch: tokens, mask, reward target, class, Poisson(1) bootstrap weights
     per member (zero for ungraded rows, which carry no target).
 
     With `runtime` (a WM with the runtime head) also the runtime head's targets (log seconds,
     known where `rows["runtime"]` is finite; a TIMEOUT's is censored), and the reward head
     is fitted on the scripts that did not time out only (no NLL weight, no ranking pair):
-    `predict` mixes in a time-out's reward with the runtime head's P(timeout)."""
+    `predict` mixes in a time-out's reward with the runtime head's P(timeout). With
+    `error_type` the exception class (index into `ERROR_TYPES`) of the RUNTIME_ERROR rows
+    (-1 elsewhere: the head is P(class | runtime error)); with `validation` the raw
+    validation metric where `rows["validation"]` is finite (masked elsewhere)."""
     valid = rows["valid"][idx]
     label = np.where(valid, rows["class_label"][idx], -1).astype(np.int32)
     timed_out = label == int(Status.TIMEOUT)
@@ -275,6 +307,15 @@ def wm_batch(
         out["log_runtime"] = out["log_runtime"].astype(np.float32)
         out["runtime_mask"] = known.astype(np.float32)
         out["timed_out"] = timed_out & known
+    if error_type:
+        err = rows["error_type"][idx]
+        ok = (label == int(Status.RUNTIME_ERROR)) & (err >= 0)
+        out["error_type"] = np.where(ok, err, -1).astype(np.int32)
+    if validation:
+        v = rows["validation"][idx]
+        known = np.isfinite(v) & valid
+        out["validation"] = np.where(known, v, 0.0).astype(np.float32)
+        out["validation_mask"] = known.astype(np.float32)
     return out
 
 

@@ -32,7 +32,8 @@ STAGE_FIELDS = {
     "wm_pretrain": (
         "seed", "suite.dir", "suite.tasks", "data", "pretrained", "wm.d_model", "wm.num_layers",
         "wm.mlp_dim", "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size",
-        "wm.learning_rate", "wm.rank_coef", "wm.runtime_coef", "wm.group_rows",
+        "wm.learning_rate", "wm.rank_coef", "wm.runtime_coef", "wm.error_type_coef",
+        "wm.validation_coef", "wm.group_rows",
         "wm.trunk_from_policy", "wm.validation_every", "policy",
     ),
 }  # fmt: skip
@@ -283,10 +284,11 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
     n, bs, steps = len(train["tokens"]), config.wm.batch_size, config.wm.pretrain_steps
     m = wm.with_optimizer(models.adam(config.wm.learning_rate, steps, warmup=max(steps // 20, 1)))
     rng = np.random.default_rng(config.seed + 1)
-    runtime = config.wm.runtime_coef > 0
-    batch = lambda idx: models.wm_batch(train, idx, rng, config.wm.num_members, runtime)
+    coefs = models.head_coefs(config)
+    flags = models.head_batch_flags(coefs)
+    batch = lambda idx: models.wm_batch(train, idx, rng, config.wm.num_members, **flags)
     example = batch(np.arange(bs) % n)
-    step = models.wm_step(m, example, config.wm.rank_coef, config.wm.runtime_coef)
+    step = models.wm_step(m, example, config.wm.rank_coef, **coefs)
     state, t0, mse = m.state, time.monotonic(), float("nan")
     bar = tqdm(range(steps), desc="world model pretraining", disable=not progress)
     per_group = config.wm.group_rows

@@ -66,7 +66,11 @@ class Exchanged(NamedTuple):
     collected: int  # anchor outcomes trained on (0: none yet, the lag's first step)
     new_executions: int  # of those, executions not taken from a journal
     pending: Pending  # what the next step trains on (rl.anchor_lag) or nothing
-    runtime_s: np.ndarray | None = None  # [N] float32 real runtimes (anchor positions), NaN
+    # The anchor positions' real observation fields (WM targets), unknown elsewhere: runtime
+    # (s, NaN), exception class (index into ERROR_TYPES, -1), validation metric (NaN).
+    runtime_s: np.ndarray | None = None
+    error_type: np.ndarray | None = None
+    validation: np.ndarray | None = None
 
 
 class Corrected(NamedTuple):
@@ -116,7 +120,8 @@ def no_exchange(sampled: Sampled, scored: Scored, pending: Pending) -> Exchanged
         r_env=np.zeros(n, np.float32), status=np.full(n, int(Status.UNGRADED), np.int32),
         origin=[(sampled.step, i) for i in range(n)], trained_tasks=list(sampled.row_tasks),
         collected=0, new_executions=0, pending=pending,
-        runtime_s=np.full(n, np.nan, np.float32),
+        runtime_s=np.full(n, np.nan, np.float32), error_type=np.full(n, -1, np.int32),
+        validation=np.full(n, np.nan, np.float32),
     )  # fmt: skip
 
 

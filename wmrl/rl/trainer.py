@@ -321,8 +321,9 @@ class Trainer:
             s.rows["loss_mask"][idx] = 0.0
             return x
         x.r_env[idx], x.status[idx] = got.r_env, got.status
-        if got.runtime_s is not None:
-            x.runtime_s[idx] = got.runtime_s
+        for k in ("runtime_s", "error_type", "validation"):  # the WM's observation targets
+            if getattr(got, k) is not None:
+                getattr(x, k)[idx] = getattr(got, k)
         x = x._replace(collected=len(idx), new_executions=got.new)
         if got.step != s.step:  # the previous step's rows, spliced in
             for k in TOKEN_ARRAYS:
@@ -373,7 +374,14 @@ class Trainer:
         if self.spec.uses_wm:
             anchor = {k: rows[k][idx] for k in ("tokens", "input_mask")}
             runtime = rldata.executed_runtime(x.status[idx], x.runtime_s[idx])
-            replay = replay.add(anchor, x.r_env[idx], x.status[idx], runtime=runtime)
+            replay = replay.add(
+                anchor,
+                x.r_env[idx],
+                x.status[idx],
+                runtime=runtime,
+                error_type=x.error_type[idx],
+                validation=x.validation[idx],
+            )
             wm = self._wm_online(wm, replay, st.step)
         jax.block_until_ready((policy, wm))
         return Updated(policy, wm, replay, pmetrics)
@@ -402,9 +410,10 @@ class Trainer:
         arrays = replay.arrays()
         for _ in range(tc.wm_online_steps):
             idx = rng.integers(0, int(replay.count), tc.wm_batch_size)
-            b = models.wm_batch(arrays, idx, rng, tc.wm_members, tc.wm_runtime_coef > 0)
+            flags = models.head_batch_flags(tc.wm_head_coefs)
+            b = models.wm_batch(arrays, idx, rng, tc.wm_members, **flags)
             if self._wm_step is None:
-                self._wm_step = models.wm_step(self.wm, b, runtime_coef=tc.wm_runtime_coef)
+                self._wm_step = models.wm_step(self.wm, b, **tc.wm_head_coefs)
             wm, _ = self._wm_step(wm, b)
         return wm
 
