@@ -34,6 +34,9 @@ def get_config():
     # The card (<= 96 tokens), the last script (<= max_new_tokens), the last observation and
     # up to K - 2 older observations (`wmrl.rl.history`).
     c.data.max_prompt_len = 448
+    # The WM writes every observation field: the error-type head on (P(class | runtime
+    # error)); the validation metric from the leaderboard map of its expected reward.
+    c.wm.error_type_coef = 0.5
     c.rl.steps = 12
     c.rl.eval_every = 4
     c.rl.checkpoint_every = 4
