@@ -298,17 +298,18 @@ class MultiTurnTrainer(Trainer):
             if routed is None:
                 routed = self._route(st, Sampled(st.step, row_tasks, rows, scripts), k_route, clock)
             idx = routed.anchor_idx if execute else np.zeros(0, np.int64)
-            ex = self._submit_turns(
-                self.journal, st.step, t * N + idx, [row_tasks[i] for i in idx],
-                [scripts[i] for i in idx], "anchor",
-            )  # fmt: skip
-            obs = [None] * N
-            if self.spec.uses_wm:  # while the anchors execute
-                with clock("wm_score_s"):
-                    # The last turn's observation is read by no one: its reward only.
-                    r_wm[t], obs = self._wm_turn(st, rows, scripts, row_tasks, t < K - 1)
-            with clock("anchor_wait_s"):
-                got, n_new = self._collect_turns(self.journal, ex)
+            with clock("execute_s"):  # submission to collection, as single-turn
+                ex = self._submit_turns(
+                    self.journal, st.step, t * N + idx, [row_tasks[i] for i in idx],
+                    [scripts[i] for i in idx], "anchor",
+                )  # fmt: skip
+                obs = [None] * N
+                if self.spec.uses_wm:  # while the anchors execute
+                    with clock("wm_score_s"):
+                        # The last turn's observation is read by no one: its reward only.
+                        r_wm[t], obs = self._wm_turn(st, rows, scripts, row_tasks, t < K - 1)
+                with clock("anchor_wait_s"):
+                    got, n_new = self._collect_turns(self.journal, ex)
             new += n_new
             status[t, idx] = got["status"]
             reward[t, idx] = np.nan_to_num(got["reward"]).astype(np.float32)
@@ -334,8 +335,7 @@ class MultiTurnTrainer(Trainer):
         key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
         k_gen, k_route = jax.random.split(key)
         tasks = self._tasks_for_step(st.step)
-        with clock("execute_s"):
-            ep, routed = self.rollout(st, tasks, k_gen, k_route, clock)
+        ep, routed = self.rollout(st, tasks, k_gen, k_route, clock)
         with clock("train_s"):
             sampled, exchanged = self._episode_batch(st, tasks, ep, routed)
             corrected = self._correct_episodes(st, routed, ep, exchanged)
