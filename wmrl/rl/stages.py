@@ -171,7 +171,45 @@ def wm_rows(config, prepared, split: str) -> dict:
     # The limit each script was executed under (the corpus runs with the tasks' own limits).
     limits = {t.id: rldata.time_limit(t) for t in tasks}
     rows["time_limit_s"] = np.array([limits[r["task_id"]] for r in recs], np.float32)
+    if config.env.turns > 1 and split == "train" and prepared.episodes:
+        rows = _concat(rows, episode_wm_rows(config, prepared, index, limits))
     return rows
+
+
+def episode_wm_rows(config, prepared, index: dict, limits: dict) -> dict:
+    """Multi-turn: every turn of the executed SFT episodes as a WM row, prompted with its
+    real history (what the WM scores during RL) and with its real outcome's targets (reward,
+    status, runtime, error type, validation metric)."""
+    tok, width = prepared.tokenizer, config.data.max_prompt_len
+    fits = lambda text: len(tok.encode(pretrained.prompt(config, text), add_bos=True)) <= width
+    docs = rldata.episode_documents(config, prepared.episodes, prepared.episode_tasks, fits)
+    recs = [
+        {
+            "task_id": rec["task_id"],
+            "script": turn["script"],
+            "status": turn["status"],
+            "reward": turn["reward"],
+            "runtime_s": turn["observation"]["runtime_s"],
+            "error_type": turn["observation"]["error_type"],
+            "validation": turn["observation"]["validation"],
+        }
+        for rec in prepared.episodes
+        for turn in rec["turns"]
+    ]  # in episode_documents' order
+    rows = rldata.encode_trajectories(
+        tok, [p for p, _ in docs], [s for _, s in docs], width, config.data.max_new_tokens
+    )
+    rows.update(rldata.reward_targets(recs))
+    rows["group"] = np.array([index[r["task_id"]] for r in recs], np.int32)
+    # Indices after the corpus's (wm.validation_every holds out by index).
+    start = config.data.scripts_per_task
+    rows["script_index"] = np.arange(start, start + len(recs), dtype=np.int32)
+    rows["time_limit_s"] = np.array([limits[r["task_id"]] for r in recs], np.float32)
+    return rows
+
+
+def _concat(a: dict, b: dict) -> dict:
+    return {k: np.concatenate([a[k], b[k]]) for k in a}
 
 
 def split_validation(rows: dict, every: int) -> tuple[dict, dict | None]:
