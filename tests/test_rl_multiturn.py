@@ -12,6 +12,7 @@ import pytest
 from tests.rl_fixtures import tiny_config
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.rl.multiturn import best_of_turns, improved_fraction, reward_by_turn
+from wmrl.rl.presets import TINY_MULTITURN_SETTING
 
 TIMING = ("_s", "device")
 
@@ -101,7 +102,7 @@ def read_jsonl(path):
 
 # -- K = 2 -------------------------------------------------------------------------------
 
-MULTITURN = {"env__turns": 2, "data__max_prompt_len": 400, "env__sft_episodes_per_task": 2}
+MULTITURN = {k.replace(".", "__"): v for k, v in TINY_MULTITURN_SETTING.items()}
 
 
 @pytest.fixture(scope="module")
