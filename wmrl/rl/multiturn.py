@@ -485,13 +485,13 @@ class MultiTurnTrainer(Trainer):
         corrected = self._correct_episodes(st, routed, ep, x)
         copy = lambda tree: jax.tree.map(jnp.copy, tree)
         warm = dataclasses.replace(st, policy=copy(st.policy), wm=copy(st.wm))
-        self._update_episodes(warm, routed, ep, x, corrected)
+        updated = self._update_episodes(warm, routed, ep, x, corrected)
         if self.spec.uses_wm and self.tc.wm_online_steps:  # the WM's step with one real row
             replay = warm.replay.add(
                 {k: v[:1] for k, v in x.rows.items() if k in ("tokens", "input_mask")},
                 np.zeros(1, np.float32), np.full(1, int(Status.VALID), np.int32),
             )  # fmt: skip
-            self._wm_online(warm.wm, replay, st.step)
+            self._wm_online(updated.wm, replay, st.step)  # (warm.wm may be donated by now)
         # The evaluation's generation shapes (T*k rows) compile on first use, outside the clock.
         return time.monotonic() - t0
 
