@@ -209,6 +209,7 @@ def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
     assert np.abs(grad[:, P:][loss_mask[:, P:] > 0]).max() > 0
 
 
+@pytest.mark.slow  # three tiny K = 2 runs (~2 min on an idle 2-core CPU)
 def test_sigkill_then_rerun_equals_uninterrupted_run_at_two_turns(mt_shared, tmp_path):
     """SIGKILL a K = 2 run mid step 3 (after the checkpoint of step 2), rerun the same
     command: the uninterrupted run's results. A script's real runtime differs between two
