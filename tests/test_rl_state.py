@@ -2,6 +2,8 @@
 layout of the dict-based trainer (before RunState was a pytree) resumes into it unchanged,
 and a checkpoint of another layout is refused with a message, never restarted silently."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,3 +168,37 @@ def test_checkpoint_missing_an_array_that_is_not_new_is_still_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"missing: replay/target"):
         ckpt.restore_latest(fresh_like(st))
     ckpt.close()
+
+
+def test_a_saved_config_without_the_new_wm_fields_compares_as_their_legacy_values():
+    """A run (or stage) saved before `wm.runtime_coef` & co. existed did what those fields at
+    0 do: it resumes with them at 0, and differs (named) from a config that turns one on."""
+    from tests.rl_fixtures import load_config
+    from wmrl.rl.config import config_differences, legacy_hint
+
+    config = load_config()
+    saved = json.loads(config.to_json_best_effort())
+    for k in ("runtime_coef", "error_type_coef", "validation_coef"):
+        del saved["wm"][k]
+    config.wm.runtime_coef = 0.0
+    assert config_differences(saved, config) == []
+    config.wm.runtime_coef = 0.5
+    diff = config_differences(saved, config)
+    assert diff == ["wm.runtime_coef"]
+    assert "--config.wm.runtime_coef=0.0" in legacy_hint(saved, diff)
+    saved["wm"]["runtime_coef"] = 0.25  # a field the saved run had: no legacy hint
+    assert legacy_hint(saved, config_differences(saved, config)) == ""
+
+
+def test_run_state_checkpoint_without_a_wm_head_resumes_into_a_wm_with_it(tmp_path):
+    """The same through `Checkpointer.save` of a real RunState (its own on-disk form)."""
+    st = small_state()
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(st, seed=0)
+    head = {"error_w": jnp.full((4, 10), 2.0)}
+    like = fresh_like(st).replace(wm={"params": {"v": jnp.zeros(4), **head}})
+    back = ckpt.restore_latest(like)
+    ckpt.close()
+    np.testing.assert_array_equal(back.wm["params"]["v"], st.wm["params"]["v"])
+    np.testing.assert_array_equal(back.wm["params"]["error_w"], np.full((4, 10), 2.0))
+    assert_same(back.replace(wm=st.wm), st)

@@ -413,6 +413,18 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def legacy_hint(saved: dict, diff: list[str]) -> str:
+    """For differing fields that the saved config predates (`LEGACY_DEFAULTS`): how to
+    resume it as it was (e.g. ` (written before wm.runtime_coef existed: pass
+    --config.wm.runtime_coef=0.0 to continue it as it was)`); '' otherwise."""
+    before = _flatten(saved)
+    old = [k for k in diff if k in LEGACY_DEFAULTS and k not in before]
+    if not old:
+        return ""
+    flags = " ".join(f"--config.{k}={LEGACY_DEFAULTS[k]}" for k in old)
+    return f" (written before {', '.join(old)} existed: pass {flags} to continue it as it was)"
+
+
 def config_differences(saved: dict, config) -> list[str]:
     """Fields (dotted) whose values differ between a saved config.json and `config` (a
     ConfigDict or a plain dict), ignoring those a resumed run may change."""

@@ -100,12 +100,14 @@ def check_resumable(config, workdir: str | os.PathLike) -> None:
     saved = workdir / "config.json"
     if not saved.exists():
         return
-    diff = rlconfig.config_differences(json.loads(saved.read_text()), config)
+    before = json.loads(saved.read_text())
+    diff = rlconfig.config_differences(before, config)
     if diff:
         raise ConfigError(
             "config",
             f"{workdir} holds a run with a different config (fields: {', '.join(diff)}); "
-            "resume it with the same config or choose a new --workdir",
+            "resume it with the same config or choose a new --workdir"
+            + rlconfig.legacy_hint(before, diff),
         )
 
 

@@ -24,7 +24,7 @@ from wmrl.config_errors import ConfigError
 from wmrl.core.stats import interval_ece, spearman
 from wmrl.rl import data as rldata
 from wmrl.rl import models, pretrained
-from wmrl.rl.config import config_differences, config_field
+from wmrl.rl.config import config_differences, config_field, legacy_hint
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
 STAGE_FIELDS = {
@@ -68,7 +68,7 @@ def _done(stage_dir: epath.Path, config) -> dict | None:
         raise ConfigError(
             "config.init_dir",
             f"{stage_dir} was made with a different config (fields: {', '.join(diff)}); "
-            "use another init_dir or the same settings",
+            "use another init_dir or the same settings" + legacy_hint(saved, diff),
         )
     return report
 
