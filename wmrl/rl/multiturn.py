@@ -12,7 +12,7 @@
    split carved from train.csv, `episode.make_episode_task`): the real observation
    (`observation.observation_of`) and the turn's ladder reward on the hidden test labels;
    every other episode's observation is written by the world model
-   (`world_model.predict_observation`, the static check overriding what it knows), rendered
+   (`wm_observation.predict_observation`, the static check overriding what it knows), rendered
    by the same template. The WM scores every turn (its per-turn reward) while the anchors
    execute.
 4. After K turns: the trajectory's real reward is the max over turns of the ladder reward;
@@ -87,7 +87,7 @@ class Episodes(NamedTuple):
     status: np.ndarray  # [K, N] int32 real status (UNGRADED where not executed)
     reward: np.ndarray  # [K, N] float32 real ladder reward (0 where not executed)
     r_wm: np.ndarray  # [K, N] float32 raw per-turn WM rewards (0 without a WM)
-    obs_arrays: dict  # [K, N] runtime, error_type index, validation of the real turns
+    obs_arrays: dict  # [K, N] real turns: runtime (raw s, NaN), error_type index (-1), validation
     new_executions: int  # real turns not taken from a journal
 
 
