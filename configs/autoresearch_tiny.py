@@ -51,6 +51,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.suite.allow_mixed_isolation = False  # executor=ray: accept nodes at the rlimits level
     c.suite.time_limit_s = 20.0  # caps each task's own time limit (s)
 
+    # The episode (DESIGN.md section 4): env.turns = K scripts per episode, each executed once,
+    # the agent reading an observation of each turn but the last; the trajectory reward is the
+    # best turn's. K = 1 is the single-turn setting exactly (configs/autoresearch_multiturn.py).
+    c.env = ml_collections.ConfigDict()
+    c.env.turns = 1
+    # K > 1: executed multi-turn episodes per training task for the warm start (a script with
+    # a controlled mistake, its real observation, the fix; or a good script kept or improved).
+    c.env.sft_episodes_per_task = 4
+
     c.data = ml_collections.ConfigDict()
     c.data.scripts_per_task = 12  # authored scripts executed per task (WM data, SFT)
     c.data.sft_scripts_per_task = 40  # more authored scripts for SFT only (not executed)

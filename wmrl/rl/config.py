@@ -40,9 +40,11 @@ OPTIONAL_FIELDS = ("model", "mesh_shape")
 # completed step computed). Everything else must match the saved config.json.
 # Fields added after runs were written, with the value that reproduces what those runs did:
 # a saved config (or stage fingerprint) without one is compared as if it had that value.
+# (`env`: a run or stage saved before multi-turn episodes existed was single-turn.)
 LEGACY_DEFAULTS = {
     "wm.runtime_coef": 0.0, "wm.error_type_coef": 0.0, "wm.validation_coef": 0.0,
     "correction.adaptive_rho": False, "correction.rho_min": 0.125, "correction.rho_max": 1.0,
+    "env.turns": 1, "env.sft_episodes_per_task": 4,
 }  # fmt: skip
 
 RESUMABLE_FIELDS = (
@@ -136,6 +138,7 @@ def validate_autoresearch_config(config) -> TrainerConfig:
     """Check `config` (unchanged) and return the trainer's typed settings built from it."""
     check_schema(config)
     _check_fields(config)
+    _check_turns(config)
     _check_numbers(config)
     _check_adaptive_rho(config)
     _check_suite(config)
@@ -306,6 +309,26 @@ def _check_fields(config) -> None:
         )
 
 
+def _check_turns(config) -> None:
+    """`env.turns` (K >= 1) and, for K > 1, a prompt budget that holds one turn's history."""
+    from wmrl.rl.history import min_prompt_len
+
+    turns = config.env.turns
+    if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+        raise ConfigError(
+            "config.env.turns", f"must be an integer >= 1 (scripts per episode), got {turns!r}"
+        )
+    _positive(config, "env.sft_episodes_per_task", 0)
+    need = min_prompt_len(config.data.max_new_tokens)
+    if turns > 1 and config.data.max_prompt_len < need:
+        raise ConfigError(
+            "config.data.max_prompt_len",
+            f"{config.data.max_prompt_len} tokens cannot hold one turn's history with "
+            f"env.turns={turns}: the card, the last script (data.max_new_tokens="
+            f"{config.data.max_new_tokens}) and its observation need >= {need}",
+        )
+
+
 def _check_suite(config) -> None:
     from wmrl.envs.autoresearch.executor import validate_suite_executor
 
@@ -399,7 +422,8 @@ def denoise_config(config) -> DenoiseConfig:
 class TrainerConfig:
     """The RL step's settings, typed and frozen, built once from the ConfigDict. The anchor
     lag and the static check apply to modes with a WM stream only (`real` is synchronous
-    GRPO on every group's real reward)."""
+    GRPO on every group's real reward); multi-turn episodes (K > 1) are synchronous too (an
+    anchor episode's later turns need its earlier turns' real observations)."""
 
     mode: str
     spec: ModeSpec
@@ -408,6 +432,7 @@ class TrainerConfig:
     group_size: int  # G samples per task
     prompt_len: int  # P
     new_tokens: int  # N
+    turns: int  # K scripts per episode (env.turns; 1 = single-turn)
     anchor_lag: int  # 0 or 1
     static_check: str  # one of STATIC_CHECKS
     temperature: float
@@ -436,8 +461,8 @@ def trainer_config(config) -> TrainerConfig:
     return TrainerConfig(
         mode=config.mode, spec=spec, seed=config.seed, groups=groups_per_step(config),
         group_size=rl.group_size, prompt_len=config.data.max_prompt_len,
-        new_tokens=config.data.max_new_tokens,
-        anchor_lag=int(rl.anchor_lag) if spec.uses_wm else 0,
+        new_tokens=config.data.max_new_tokens, turns=config.env.turns,
+        anchor_lag=int(rl.anchor_lag) if spec.uses_wm and config.env.turns == 1 else 0,
         static_check=rl.static_check if spec.uses_wm else "off",
         temperature=rl.temperature, normalize_std=rl.normalize_std, baseline=rl.baseline,
         std_eps=rl.std_eps, eval_samples=rl.eval_samples, learning_rate=rl.learning_rate,

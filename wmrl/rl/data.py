@@ -31,6 +31,9 @@ from wmrl.rl import pretrained
 from wmrl.tokenizer import Tokenizer
 
 PROMPT_FORMAT = 2  # bump when prompt_text changes: tokenizers trained on the old one are stale
+# Multi-turn (env.turns > 1): the episode tasks (validation split carved from train.csv) are
+# built under <data_dir>/EPISODE_TASKS, the executed SFT episodes are <data_dir>/episodes.jsonl.
+EPISODE_TASKS = "episode_tasks"
 
 
 def prompt_text(task: Task) -> str:
@@ -61,6 +64,10 @@ class Prepared:
     heldout_tasks: list[Task]
     executions: list[dict]  # the executed corpus (all suite tasks; split tells which)
     tokenizer: Tokenizer
+    # env.turns > 1: the executed multi-turn SFT episodes of the training tasks
+    # (`multiturn_corpus.execute_episodes` records) and the episode task of every suite task.
+    episodes: list[dict] = dataclasses.field(default_factory=list)
+    episode_tasks: dict = dataclasses.field(default_factory=dict)
 
 
 def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> Prepared:
@@ -105,38 +112,90 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
     with open(log) as f:
         executions = [json.loads(line) for line in f if line.strip()]
     executions.sort(key=lambda r: (r["task_id"], r["index"]))
+    episodes, episode_tasks = [], {}
+    if config.env.turns > 1:
+        episodes, episode_tasks = _episodes(config, data_dir, suite_dir, train + heldout, progress)
     if pretrained.enabled(config):
-        return Prepared(suite_dir, train, heldout, executions, pretrained.load_tokenizer(config))
-    spm_path = data_dir / f"spm_p{PROMPT_FORMAT}_v{config.data.vocab_size}.model"
+        tok = pretrained.load_tokenizer(config)
+        return Prepared(suite_dir, train, heldout, executions, tok, episodes, episode_tasks)
+    # Multi-turn tokenizers also see the history's text (observations, turn headers).
+    suffix = f"_k{config.env.turns}" if config.env.turns > 1 else ""
+    spm_path = data_dir / f"spm_p{PROMPT_FORMAT}_v{config.data.vocab_size}{suffix}.model"
     if not spm_path.exists():
         prompts = {t.id: prompt_text(t) for t in train}
         docs = list(prompts.values()) + [
             r["script"] for r in executions if r["task_id"] in prompts
         ]  # training tasks only: held-out tasks never shape the tokenizer
+        docs += [prompt for prompt, _ in episode_documents(config, episodes, episode_tasks)]
         tmp = data_dir / "spm.tmp"
         Tokenizer.train(docs, tmp, vocab_size=config.data.vocab_size, code_pieces=True)
         os.replace(f"{tmp}.vocab", spm_path.with_suffix(".vocab"))
         os.replace(f"{tmp}.model", spm_path)
-    return Prepared(suite_dir, train, heldout, executions, Tokenizer.load(spm_path))
+    tok = Tokenizer.load(spm_path)
+    return Prepared(suite_dir, train, heldout, executions, tok, episodes, episode_tasks)
 
 
-def sft_documents(config, tasks: list[Task]) -> list[tuple[str, str]]:
+def _episodes(config, data_dir: Path, suite_dir: Path, tasks: list[Task], progress: bool):
+    """The episode task of every suite task, and the executed multi-turn SFT episodes of the
+    training tasks (`multiturn_corpus.execute_episodes`, resumable)."""
+    from wmrl.envs.autoresearch.episode import make_episode_task
+    from wmrl.envs.autoresearch.multiturn_corpus import execute_episodes, read_episodes
+    from wmrl.envs.autoresearch.task import TaskError
+
+    root = data_dir / EPISODE_TASKS
+    try:
+        episode_tasks = {t.id: make_episode_task(t, root) for t in tasks}
+    except TaskError as e:
+        raise ConfigError("config.suite.tasks", f"env.turns > 1: {e}") from e
+    log = execute_episodes(
+        suite_dir, data_dir, task_root=root, episodes_per_task=config.env.sft_episodes_per_task,
+        turns=config.env.turns, seed=config.seed, workers=config.suite.workers,
+        progress=progress, executor_config=config.suite,
+    )  # fmt: skip
+    episodes = [r for r in read_episodes(log) if len(r["turns"]) == config.env.turns]
+    return episodes, episode_tasks
+
+
+def episode_documents(config, episodes: list[dict], episode_tasks: dict, fits=None) -> list:
+    """(prompt, script) pairs of every turn of the executed SFT episodes: turn t's prompt is
+    the card plus the real history of turns < t (`wmrl.rl.history`, the trainer's own
+    prompt), its script the author's. `fits(text)`: the prompt budget (None: no limit)."""
+    from wmrl.envs.autoresearch.observation import Observation, render_observation
+    from wmrl.rl import history
+
+    fits = fits or (lambda text: True)
+    out = []
+    for rec in episodes:
+        task = episode_tasks[rec["task_id"]]
+        card = history.card_of(prompt_text(task))
+        past = []
+        for turn in rec["turns"]:
+            text = history.turn_prompt(card, past, fits)
+            out.append((pretrained.prompt(config, text), turn["script"]))
+            obs = Observation.from_json(turn["observation"])
+            past.append((turn["script"], render_observation(obs, task.metric_name)))
+    return out
+
+
+def sft_documents(config, tasks: list[Task], episode_tasks=None) -> list[tuple[str, str]]:
     """(prompt, script) pairs for the warm start: the executed corpus's scripts plus
     `data.sft_scripts_per_task` more authored ones per training task (text only: SFT needs
     no outcome), drawn with the same mistake rate so the warm-start policy errs as the
-    author does and RL has something to fix."""
+    author does and RL has something to fix. With `episode_tasks` (multi-turn) the prompts
+    are the episode tasks' turn-1 prompts."""
     from wmrl.envs.autoresearch import author
     from wmrl.envs.autoresearch.corpus import task_seed
 
     out = []
     for t in tasks:
+        prompt = task_prompt(config, episode_tasks[t.id] if episode_tasks else t)
         scripts = author.write_scripts(
             task_info(t),
             config.data.scripts_per_task + config.data.sft_scripts_per_task,
             task_seed(t.id, config.seed),
             config.data.mistake_rate,
         )  # the first scripts_per_task are exactly the executed corpus's
-        out += [(task_prompt(config, t), source) for _, source in scripts]
+        out += [(prompt, source) for _, source in scripts]
     return out
 
 

@@ -213,7 +213,6 @@ def run(
     """Run (or resume) the whole pipeline; returns the summary."""
     from wmrl.envs.autoresearch.executor import make_executor
     from wmrl.rl.checkpoint import Checkpointer
-    from wmrl.rl.trainer import Trainer
 
     workdir = epath.Path(workdir)
     quiet_orbax()
@@ -227,7 +226,7 @@ def run(
     # suite.executor: this host's pool or one per Ray node; every execution seeded from the
     # run's seed and its key (the same when a resumed run executes it again)
     pool = make_executor(config.suite, seed=config.seed)
-    trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, workdir)
+    trainer = make_trainer(config, s, pool, workdir)
     try:
         st = trainer.initial_state(policy_params, wm_params)
         restored = ckpt.restore_latest(st)
@@ -262,6 +261,16 @@ def run(
         )
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def make_trainer(config, s: Stages, pool, workdir):
+    """The single-turn `Trainer`, or for `env.turns` > 1 the episode trainer
+    (`wmrl.rl.multiturn`), on the stages' outputs."""
+    if config.env.turns > 1:
+        from wmrl.rl.multiturn import MultiTurnTrainer as Chosen
+    else:
+        from wmrl.rl.trainer import Trainer as Chosen
+    return Chosen(config, s.prepared, s.policy, s.wm, pool, workdir)
 
 
 def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
@@ -344,6 +353,18 @@ def time_to_target(evals: list[dict], target: float) -> float | None:
     return None
 
 
+def _by_turn(evals: list[dict]) -> dict:
+    """Multi-turn runs: the held-out reward of the best of the first t turns (a list, turn 1
+    first) for the warm start and the final policy; nothing for single-turn runs."""
+    if "heldout_reward_by_turn" not in evals[0]:
+        return {}
+    return {
+        "warmstart_heldout_reward_by_turn": evals[0]["heldout_reward_by_turn"],
+        "final_heldout_reward_by_turn": evals[-1]["heldout_reward_by_turn"],
+        "final_heldout_improved_fraction": evals[-1]["heldout_improved_fraction"],
+    }
+
+
 def make_summary(
     config, st, sft_report: dict, wm_report: dict, stage_s: float, compile_s: float = 0.0
 ) -> dict:
@@ -361,7 +382,10 @@ def make_summary(
         "time_to_target_s": time_to_target(evals, config.target_reward),
         "real_executions": st.real_executions,
         "wm_calls": st.wm_calls,
-        "eval_executions": len(evals) * config.rl.eval_samples * len(evals[0]["heldout_per_task"]),
+        "eval_executions": len(evals)
+        * config.rl.eval_samples
+        * len(evals[0]["heldout_per_task"])
+        * config.env.turns,
         "heldout_curve": [
             {
                 "step": e["step"],
@@ -373,6 +397,7 @@ def make_summary(
             for e in evals
         ],
         "final_heldout_status_rates": evals[-1]["heldout_status_rates"],
+        **_by_turn(evals),
         "wm_pretrain_heldout": held,
         "warm_start": sft_report,
         "stages_s": stage_s,

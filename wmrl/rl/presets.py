@@ -37,3 +37,11 @@ TINY_SETTING = {
     "correction.refit_every": 1,
     "correction.denoise_warmup_groups": 1,
 }
+
+# On top of TINY_SETTING: two-turn episodes (tests/test_rl_multiturn.py), a prompt budget that
+# holds one turn's history (`wmrl.rl.history.min_prompt_len`), two executed SFT episodes.
+TINY_MULTITURN_SETTING = {
+    "env.turns": 2,
+    "data.max_prompt_len": 400,
+    "env.sft_episodes_per_task": 2,
+}

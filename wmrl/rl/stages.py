@@ -23,7 +23,7 @@ from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
 from wmrl.core.stats import interval_ece, spearman
 from wmrl.rl import data as rldata
-from wmrl.rl import models
+from wmrl.rl import models, pretrained
 from wmrl.rl.config import config_differences, config_field, legacy_hint
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
@@ -50,6 +50,8 @@ def _fingerprint(config, stage: str) -> dict:
     for field in STAGE_FIELDS[stage]:
         node = config_field(config, field)
         out[field] = json.loads(json.dumps(node.to_dict() if hasattr(node, "to_dict") else node))
+    if config.env.turns > 1:  # multi-turn stages train on episodes; single-turn ones as before
+        out["env"] = config.env.to_dict()
     return out
 
 
@@ -96,8 +98,17 @@ def load_params(stage_dir: epath.Path, like):
 
 
 def sft_rows(config, prepared: rldata.Prepared) -> dict:
-    """SFT examples (training tasks only) that fit the context; see `data.sft_documents`."""
-    docs = rldata.sft_documents(config, prepared.train_tasks)
+    """SFT examples (training tasks only) that fit the context; see `data.sft_documents`.
+    Multi-turn (env.turns > 1): also every turn of the executed SFT episodes, prompted with
+    their real history (`data.episode_documents`), so the policy learns to read an
+    observation and fix or keep its script."""
+    docs = rldata.sft_documents(config, prepared.train_tasks, prepared.episode_tasks)
+    if config.env.turns > 1:
+        tok, width = prepared.tokenizer, config.data.max_prompt_len
+        fits = lambda text: len(tok.encode(pretrained.prompt(config, text), add_bos=True)) <= width
+        docs += rldata.episode_documents(
+            config, prepared.episodes, prepared.episode_tasks, fits
+        )  # fmt: skip
     rows = rldata.encode_trajectories(
         prepared.tokenizer, [p for p, _ in docs], [s for _, s in docs],
         config.data.max_prompt_len, config.data.max_new_tokens,
@@ -160,7 +171,45 @@ def wm_rows(config, prepared, split: str) -> dict:
     # The limit each script was executed under (the corpus runs with the tasks' own limits).
     limits = {t.id: rldata.time_limit(t) for t in tasks}
     rows["time_limit_s"] = np.array([limits[r["task_id"]] for r in recs], np.float32)
+    if config.env.turns > 1 and split == "train" and prepared.episodes:
+        rows = _concat(rows, episode_wm_rows(config, prepared, index, limits))
     return rows
+
+
+def episode_wm_rows(config, prepared, index: dict, limits: dict) -> dict:
+    """Multi-turn: every turn of the executed SFT episodes as a WM row, prompted with its
+    real history (what the WM scores during RL) and with its real outcome's targets (reward,
+    status, runtime, error type, validation metric)."""
+    tok, width = prepared.tokenizer, config.data.max_prompt_len
+    fits = lambda text: len(tok.encode(pretrained.prompt(config, text), add_bos=True)) <= width
+    docs = rldata.episode_documents(config, prepared.episodes, prepared.episode_tasks, fits)
+    recs = [
+        {
+            "task_id": rec["task_id"],
+            "script": turn["script"],
+            "status": turn["status"],
+            "reward": turn["reward"],
+            "runtime_s": turn["observation"]["runtime_s"],
+            "error_type": turn["observation"]["error_type"],
+            "validation": turn["observation"]["validation"],
+        }
+        for rec in prepared.episodes
+        for turn in rec["turns"]
+    ]  # in episode_documents' order
+    rows = rldata.encode_trajectories(
+        tok, [p for p, _ in docs], [s for _, s in docs], width, config.data.max_new_tokens
+    )
+    rows.update(rldata.reward_targets(recs))
+    rows["group"] = np.array([index[r["task_id"]] for r in recs], np.int32)
+    # Indices after the corpus's (wm.validation_every holds out by index).
+    start = config.data.scripts_per_task
+    rows["script_index"] = np.arange(start, start + len(recs), dtype=np.int32)
+    rows["time_limit_s"] = np.array([limits[r["task_id"]] for r in recs], np.float32)
+    return rows
+
+
+def _concat(a: dict, b: dict) -> dict:
+    return {k: np.concatenate([a[k], b[k]]) for k in a}
 
 
 def split_validation(rows: dict, every: int) -> tuple[dict, dict | None]:

@@ -1,0 +1,44 @@
+"""Multi-turn Mini AutoResearch: the agent revises its script from feedback (DESIGN.md s. 4).
+
+    python -m wmrl.main --config=configs/autoresearch_multiturn.py --workdir=runs/ar_multiturn
+
+An episode has `env.turns` = K turns; each turn the agent writes a complete script, executed
+once; after every turn but the last it reads an observation (status, error type, runtime,
+validation metric on a split carved from the public train.csv; never a test label). The
+trajectory reward is the best turn's ladder reward on the hidden test labels; in WM-scored
+episodes the world model writes every observation. Everything else is the tiny config's
+(configs/autoresearch_tiny.py, the schema), with a prompt budget that holds the history
+(the card, the last script and its observation, the older turns' observations) and a run
+sized for a 2-core CPU (docs/results.md has the measured wall-clock).
+
+Modes as in the tiny config: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl`.
+Anchors are synchronous for K > 1 (an anchor episode's next turn needs its real observation),
+whatever `rl.anchor_lag` says.
+"""
+
+import importlib.util
+from pathlib import Path
+
+
+def _tiny_config():
+    path = Path(__file__).resolve().parent / "autoresearch_tiny.py"
+    spec = importlib.util.spec_from_file_location("wmrl_config_autoresearch_tiny", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def get_config():
+    c = _tiny_config()
+    c.env.turns = 3
+    # The card (<= 96 tokens), the last script (<= max_new_tokens), the last observation and
+    # up to K - 2 older observations (`wmrl.rl.history`).
+    c.data.max_prompt_len = 448
+    # The WM writes every observation field: the error-type head on (P(class | runtime
+    # error)); the validation metric from the leaderboard map of its expected reward.
+    c.wm.error_type_coef = 0.5
+    c.rl.steps = 12
+    c.rl.eval_every = 4
+    c.rl.checkpoint_every = 4
+    c.rl.eval_samples = 4  # episodes per held-out task (each K executions)
+    return c
