@@ -101,6 +101,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Sized so that `make run` (all stages + RL + evaluations) fits a 2-core CPU in about 20
     # minutes; held-out reward plateaus well before the last step (docs/results.md).
     c.rl.steps = 20
+    # The RL run's seed (policy sampling, task order, routing, executions); -1 = `seed`. The
+    # stages before RL use `seed`: runs differing only here share them (speedup --seeds).
+    c.rl.seed = -1
     c.rl.max_wall_time_s = 0.0  # stop RL once training wall-clock reaches this (0 = no limit)
     c.rl.tasks_per_step = 8  # B groups
     c.rl.group_size = 4  # G samples per task
