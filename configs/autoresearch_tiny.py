@@ -30,11 +30,14 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.suite = ml_collections.ConfigDict()
     c.suite.dir = ""  # an existing suite (task dirs + suite.json); '' = build `tasks` below
-    # Every built-in training task (more prompts make a warm start that generalises) and three
+    # Every built-in training task (more prompts make a warm start that generalises) and 32
     # held-out tasks that share the column naming of most training tasks (`target`, `id`), so
     # what has to transfer is the craft (impute, encode, write the submission, no syntax
     # slips) rather than copying unseen column names, which a policy this small cannot learn
-    # in minutes.
+    # in minutes: three hand-made ones and 29 members of the generated family of the same
+    # kinds (`heldout-family-NN`, `wmrl.envs.autoresearch.suite.heldout_family`). Many tasks
+    # with few scripts each (`rl.eval_samples`) make one evaluation's standard error, which
+    # counts the variance between tasks, smaller for the same executions (docs/results.md).
     c.suite.tasks = (
         "iris-species", "wine-cultivar", "breast-cancer-auc", "digits-8x8",
         "diabetes-progression", "penguins-species", "penguins-body-mass", "cars-mpg",
@@ -43,6 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
         "large-n-tight", "large-n-regression", "synth-missing", "synth-categorical",
         "breast-cancer-missing", "wine-noisy-labels", "diabetes-mae", "moons", "circles-auc",
         "heldout-categorical-missing", "heldout-gaussian-quantiles", "heldout-imbalanced-missing",
+        *(f"heldout-family-{j:02d}" for j in range(1, 30)),
     )  # fmt: skip
     c.suite.workers = 2  # sandbox slots (same for every mode); per node with executor=ray
     # Where sandboxes run (docs/ray.md): "local" (this host) | "ray" (one pool per Ray node).
@@ -139,7 +143,8 @@ def get_config() -> ml_collections.ConfigDict:
     # resolution whether the target is reached at 20 s or at 200 s.
     c.rl.eval_every_s = 0.0
     c.rl.eval_at_s = ()
-    c.rl.eval_samples = 8  # k scripts per held-out task
+    # k scripts per held-out task: 32 tasks x 3 = 96 executions per evaluation (was 3 x 8).
+    c.rl.eval_samples = 3
     c.rl.checkpoint_every = 5
     c.rl.keep_checkpoints = 3
 
