@@ -164,7 +164,7 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         "time_to_target_s": to_target,
         "final_heldout_reward": per_mode("final_heldout_reward"),
         "heldout_reward_at_equal_wall_clock": at_equal,
-        # The sampling noise of those single evaluations (standard error over their scripts).
+        # The noise of those single evaluations (SE counting the variance between tasks).
         "heldout_reward_se_at_equal_wall_clock": {
             m: se_at_wall_clock(c, t_equal) for m, c in curves.items()
         },
@@ -347,7 +347,11 @@ def format_table(result: dict) -> str:
             f"{m} {_fmt(v, '.4f')}" + (f" +- {se:.4f}" if (se := ses.get(m)) is not None else "")
             for m, v in result["heldout_reward_at_equal_wall_clock"].items()
         )
-        + (" (standard error over the evaluation's scripts)" if any(ses.values()) else ""),
+        + (
+            " (standard error counting the variance between held-out tasks)"
+            if any(ses.values())
+            else ""
+        ),
         "less noisy, over the same window: mean of the last 3 evaluations "
         + ", ".join(
             f"{m} {_fmt(v, '.4f')}"
