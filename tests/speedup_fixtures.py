@@ -39,18 +39,23 @@ PAIRS = [
 ]  # fmt: skip
 
 
-def finished_benchmark(workdir: Path, modes=("real", "wmrl")) -> None:
+def finished_benchmark(workdir: Path, modes=("real", "wmrl"), seed_index: int = 0,
+                       wmrl=None) -> None:  # fmt: skip
     """real: 4 steps of 10 s (6 s executing), evals 0.2, 0.3, 0.4 at 0, 20, 40 s;
-    wmrl: 4 steps of 4 s at anchor fraction 0.25, evals 0.2, 0.45, 0.5 at 0, 8, 16 s;
-    any other mode: 2 steps of 5 s, evals 0.2, 0.25 at 0, 10 s."""
+    wmrl: 4 steps of 4 s at anchor fraction 0.25, evals 0.2, 0.45, 0.5 at 0, 8, 16 s (or the
+    curve `wmrl`); any other mode: 2 steps of 5 s, evals 0.2, 0.25 at 0, 10 s. In the run
+    directories of seed `seed_index` (`speedup_runner.run_dir`)."""
+    from wmrl.benchmarks.speedup_runner import run_dir
+
+    d = lambda m: run_dir(workdir, m, seed_index)
     real = [ev(0, 0.2, 0, 0), ev(20, 0.3, 16, 2), ev(40, 0.4, 32, 4)]
-    wmrl = [ev(0, 0.2, 0, 0), ev(8, 0.45, 4, 2), ev(16, 0.5, 8, 4)]
-    write_finished_run(workdir / "real", "real", real, [10, 20, 30, 40], [6] * 4, 1.0)
-    write_finished_run(workdir / "wmrl", "wmrl", wmrl, [4, 8, 12, 16], [1] * 4, 0.25, PAIRS)
+    wmrl = wmrl or [ev(0, 0.2, 0, 0), ev(8, 0.45, 4, 2), ev(16, 0.5, 8, 4)]
+    write_finished_run(d("real"), "real", real, [10, 20, 30, 40], [6] * 4, 1.0)
+    write_finished_run(d("wmrl"), "wmrl", wmrl, [4, 8, 12, 16], [1] * 4, 0.25, PAIRS)
     for m in modes:
         if m not in ("real", "wmrl"):
             curve = [ev(0, 0.2, 0, 0), ev(10, 0.25, 4, 2)]
-            write_finished_run(workdir / m, m, curve, [5, 10], [1, 1], 0.25, PAIRS)
+            write_finished_run(d(m), m, curve, [5, 10], [1, 1], 0.25, PAIRS)
 
 
 def child_writes(path: str, log_path, fail: bool) -> None:

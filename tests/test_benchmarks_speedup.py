@@ -284,6 +284,88 @@ def test_cli_ablations_and_refused_config(tmp_path):
     assert proc.returncode == 2 and "--modes" in proc.stderr
 
 
+T975 = {1: 12.706204736174698, 2: 4.302652729911275}  # Student-t 0.975 quantiles (tables)
+
+
+def t_interval(xs):
+    """The 95% t-interval of the mean, written out for the test."""
+    n = len(xs)
+    m = sum(xs) / n
+    sd = (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5
+    return m, [m - T975[n - 1] * sd / n**0.5, m + T975[n - 1] * sd / n**0.5]
+
+
+def test_mean_ci95_hand_numbers():
+    from wmrl.core.stats import mean_ci95
+
+    got = mean_ci95([0.1, 0.3, 0.8])
+    # mean 0.4, sd sqrt(0.13), half-width 4.3027 * sqrt(0.13 / 3) = 0.8957
+    assert got["mean"] == pytest.approx(0.4) and got["n"] == 3
+    assert got["ci95"] == pytest.approx([0.4 - 0.895668, 0.4 + 0.895668], abs=1e-5)
+    assert got["ci95"] == pytest.approx(t_interval([0.1, 0.3, 0.8])[1])
+    got = mean_ci95([1.0, None, 3.0])  # a seed without the figure: left out, still listed
+    assert got["n"] == 2 and got["per_seed"] == [1.0, None, 3.0]
+    assert got["ci95"] == pytest.approx([2.0 - 12.706205, 2.0 + 12.706205], abs=1e-5)
+    assert mean_ci95([0.5])["ci95"] is None and mean_ci95([None])["mean"] is None
+
+
+def test_cli_seeds_paired_differences_hand_numbers(tmp_path):
+    # Seed 0: the fixture's runs; seed 1: wmrl evals 0.2, 0.65, 0.7 at 0, 4, 16 s. Equal
+    # wall-clock is static_anchors' last evaluation, 10 s. Time-averaged held-out reward over
+    # [0, 10]: real 0.2 and static_anchors 0.2 in both seeds; wmrl (8 * 0.2 + 2 * 0.45) / 10 =
+    # 0.25, then (4 * 0.2 + 6 * 0.65) / 10 = 0.47. At 10 s: wmrl 0.45, 0.65; static 0.25.
+    modes = ("real", "wmrl", "static_anchors")
+    finished_benchmark(tmp_path, modes)
+    finished_benchmark(tmp_path, modes, 1, [ev(0, 0.2, 0, 0), ev(4, 0.65, 4, 2), ev(16, 0.7, 8, 4)])
+    proc = run_bench(bench_cmd(tmp_path, "--seeds=2"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "static_anchors-seed1: reusing" in proc.stdout
+    data = json.loads((tmp_path / "speedup.json").read_text())
+    assert data["seeds"] == [0, 1] and len(data["per_seed"]) == 2
+    assert data["per_seed"][1]["heldout_reward_time_average"]["wmrl"] == pytest.approx(0.47)
+    pair = data["paired"]["wmrl - static_anchors"]["heldout_reward_time_average"]
+    mean, ci = t_interval([0.05, 0.27])
+    assert pair["mean"] == pytest.approx(mean) and pair["ci95"] == pytest.approx(ci)
+    assert pair["per_seed"] == pytest.approx([0.05, 0.27])
+    pair = data["paired"]["wmrl - static_anchors"]["heldout_reward_at_equal_wall_clock"]
+    assert pair["ci95"] == pytest.approx(t_interval([0.20, 0.40])[1])
+    assert data["paired"]["wmrl - real"]["heldout_reward_time_average"]["mean"] == (
+        pytest.approx(0.16)
+    )
+    # real's final 0.4, reached by real at 40 s, by wmrl at 8 s and at 4 s: ratios 5 and 10.
+    ratio = data["over_seeds"]["time_to_target_ratio"]
+    assert ratio["per_seed"] == pytest.approx([5.0, 10.0])
+    assert ratio["ci95"] == pytest.approx(t_interval([5.0, 10.0])[1])
+    final = data["over_seeds"]["final_heldout_reward"]["wmrl"]
+    assert final["mean"] == pytest.approx(0.6) and final["per_seed"] == pytest.approx([0.5, 0.7])
+    # the older keys keep their shapes and hold the means over seeds
+    assert data["time_to_target_ratio"] == pytest.approx(7.5)
+    assert data["final_heldout_reward"] == pytest.approx(
+        {"real": 0.4, "wmrl": 0.6, "static_anchors": 0.25}
+    )
+    assert data["curves"]["wmrl"][1]["heldout_reward"] == 0.45  # the first seed's curves
+    assert "paired by seed" in proc.stdout and "wmrl - static_anchors" in proc.stdout
+    proc = run_bench(bench_cmd(tmp_path, "--seeds=0"), timeout=120)
+    assert proc.returncode == 2 and "--seeds" in proc.stderr
+
+
+def test_seed_configs_share_the_stages(tmp_path):
+    from wmrl.rl.stages import _fingerprint
+
+    base = speedup_runner.shared_config(load_config(), tmp_path)
+    c1, c2 = speedup_runner.seed_config(base, 1), speedup_runner.seed_config(base, 2)
+    assert speedup_runner.seed_config(base, 0).rl.seed == -1  # the one-seed layout, reused
+    assert speedup_runner.seeds_of(base, 3) == [0, 1, 2]
+    assert rlconfig.trainer_config(c2).seed == 2 and rlconfig.trainer_config(base).seed == 0
+    for stage in ("warmstart", "wm_pretrain"):  # the shared stages see one config
+        assert _fingerprint(c1, stage) == _fingerprint(base, stage)
+    assert speedup_runner.run_dir(tmp_path, "wmrl", 0) == tmp_path / "wmrl"
+    assert speedup_runner.run_dir(tmp_path, "wmrl", 2) == tmp_path / "wmrl-seed2"
+    base.rl.seed = -2
+    with pytest.raises(rlconfig.ConfigError, match=r"config\.rl\.seed"):
+        rlconfig.validate_autoresearch_config(base)
+
+
 # -- end to end on the tiny setting ----------------------------------------------------------
 
 

@@ -75,7 +75,9 @@ def test_mode_end_to_end(mode, lag, rl_shared, tmp_path):
     assert all("heldout_reward" in r for r in evals)
     for r in evals:  # rewards lie in [0, 1]: a sample std (ddof 1) is at most 0.5 sqrt(n/(n-1))
         n = len(r["heldout_per_task"]) * 2 - r["heldout_ungraded"]  # rl.eval_samples = 2
-        assert n > 1 and 0.0 <= r["heldout_reward_se"] <= 0.5 / np.sqrt(n - 1) + 1e-12
+        assert n > 1 and 0.0 <= r["heldout_reward_se_scripts"] <= 0.5 / np.sqrt(n - 1) + 1e-12
+        # one held-out task: no spread between tasks to count, the scripts' SE stands in
+        assert r["heldout_tasks"] == 1 and r["heldout_reward_se"] == r["heldout_reward_se_scripts"]
     # The journal holds every real execution once; pairs carry exactly its rewards. With the
     # lag, the last step's anchors are executed (and counted) but never trained on.
     journal = read_jsonl(wd / "anchors.jsonl")

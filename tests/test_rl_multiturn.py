@@ -118,8 +118,18 @@ def mt_config(mt_shared, **changes):
     return tiny_config(data_dir, init_dir, **{**MULTITURN, **changes})
 
 
+# The fast suite runs `real` (executes every turn) and `wmrl` (WM-written observations, both
+# corrections); the other WM modes differ only in the correction's switches: slow.
 @pytest.mark.parametrize(
-    "mode", ["real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors"]
+    "mode",
+    [
+        "real",
+        "wmrl",
+        *(
+            pytest.param(m, marks=pytest.mark.slow)
+            for m in ("wm_only", "debias_only", "denoise_only", "static_anchors")
+        ),
+    ],
 )
 def test_every_mode_runs_two_turn_episodes_end_to_end(mt_shared, tmp_path, mode):
     from wmrl.rl.experiment import run

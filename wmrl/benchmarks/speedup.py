@@ -1,6 +1,6 @@
 """Wall-clock speedup of WMRL over standard GRPO (`real`) on Mini AutoResearch.
 
-    python -m wmrl.benchmarks.speedup --workdir=DIR [--budget_s=S] [--out=FILE.json]
+    python -m wmrl.benchmarks.speedup --workdir=DIR [--budget_s=S] [--seeds=N] [--out=FILE.json]
         [--ablations | --modes=real,wmrl,...] [--steps=N]
         [--config=configs/autoresearch_tiny.py --config.rl.steps=...]
 
@@ -17,6 +17,19 @@ Each stage and each mode runs in a fresh process, so no mode inherits another's 
 DIR/<mode>/summary.json exists is reused, and an interrupted mode resumes from its checkpoints,
 so rerunning the same command finishes an interrupted benchmark; delete DIR/<mode> to rerun a
 mode. A mode directory that holds a run with a different config is refused.
+
+`--seeds=N` (default 1) runs every mode once per seed, seed by seed: the first seed in
+DIR/<mode>, seed i > 0 in DIR/<mode>-seed<i> with `rl.seed` = the first's RL seed + i, so policy
+sampling, task order, routing and the executions differ between seeds while the shared stages
+(data, tokenizer, warm start, pretrained WM: they depend on `seed`, not `rl.seed`) are built
+once for all. A finished (mode, seed) run is reused, so `--seeds=3` after `--seeds=1` runs only
+the two new seeds. Every figure is computed per seed (`per_seed`), then reported over seeds
+(`over_seeds`: per figure and mode `mean`, `ci95` (Student-t 95% interval of the mean), `n`,
+`per_seed`), and comparisons between modes are paired by seed (`paired`: `"wmrl - <mode>"`,
+the mean per-seed difference and its interval, e.g. the time-averaged held-out reward at equal
+wall-clock; `time_to_target_ratio` is itself a per-seed ratio, in `over_seeds`). The JSON's
+older keys keep their shapes and hold the mean over seeds (None where a seed has None; with
+one seed, that seed's values); `curves` holds the first seed's curves.
 
 `--budget_s` gives every mode the same RL wall-clock budget (`rl.max_wall_time_s`) and, unless
 `--steps` is given, lifts the step limit so that the budget alone ends each run; every mode is
@@ -68,8 +81,10 @@ from wmrl.benchmarks.speedup_runner import (
     load_runs,
     modes_for,
     run_modes,
+    seeds_of,
     shared_config,
 )
+from wmrl.core.stats import mean_ci95
 from wmrl.rl.experiment import time_to_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,8 +96,28 @@ CONFIG_KEYS = (
     "rl.eval_every", "rl.eval_every_s", "rl.eval_at_s", "rl.eval_samples", "rl.anchor_lag",
     "correction.rho", "correction.min_groups", "correction.uncertainty_share", "policy.d_model",
     "policy.num_layers", "wm.d_model", "wm.num_layers", "wm.num_members", "data.max_prompt_len",
-    "data.max_new_tokens",
+    "data.max_new_tokens", "rl.seed",
 )  # fmt: skip
+
+# Figures reported over seeds: {mode: number} ones, one number per seed, and those paired by
+# seed between `wmrl` and every other mode (held-out reward at equal wall-clock, three views).
+MODE_FIGURES = (
+    "final_heldout_reward", "heldout_reward_at_equal_wall_clock", "heldout_reward_time_average",
+    "heldout_reward_last3_at_equal_wall_clock", "heldout_reward_se_at_equal_wall_clock",
+    "time_to_target_s", "step_time_s", "steps", "wall_time_s", "real_executions", "wm_calls",
+    "warmstart_heldout_reward", "best_heldout_reward", "wm_stream_corr_mean",
+    "wm_stream_collapsed_groups",
+)  # fmt: skip
+SCALAR_FIGURES = (
+    "time_to_target_ratio", "time_to_target_reward", "equal_wall_clock_s", "amdahl_bound",
+    "per_step_speedup", "amdahl_fraction_reached",
+)  # fmt: skip
+PAIRED_FIGURES = (
+    "heldout_reward_time_average", "heldout_reward_at_equal_wall_clock",
+    "heldout_reward_last3_at_equal_wall_clock", "final_heldout_reward",
+)  # fmt: skip
+# Keys that are not figures: the first seed's value at the top level.
+FIRST_SEED_KEYS = ("curves", "config", "machine", "budget_s")
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -118,6 +153,7 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
     t_equal, at_equal = reward_at_equal_wall_clock(curves)
     amd = amdahl(runs["real"]["steps"], runs["wmrl"]["steps"], warmup)
     per_mode = lambda key: {m: r["summary"].get(key) for m, r in runs.items()}
+    wm_runs = {m: r for m, r in runs.items() if m != "real"}
     to_target = {
         m: None if target is None else time_to_target(c, target) for m, c in curves.items()
     }
@@ -128,7 +164,7 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         "time_to_target_s": to_target,
         "final_heldout_reward": per_mode("final_heldout_reward"),
         "heldout_reward_at_equal_wall_clock": at_equal,
-        # The sampling noise of those single evaluations (standard error over their scripts).
+        # The noise of those single evaluations (SE counting the variance between tasks).
         "heldout_reward_se_at_equal_wall_clock": {
             m: se_at_wall_clock(c, t_equal) for m, c in curves.items()
         },
@@ -157,11 +193,110 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         "wm_stream_within_group_corr": {
             m: within_group_correlation(r["pairs"]) for m, r in runs.items() if m != "real"
         },
+        # The run's own per-step diagnostics (metrics.jsonl): the mean `wm_stream_corr` over
+        # the steps where it is defined, and the anchor groups flattened over the run.
+        "wm_stream_corr_mean": {
+            m: _mean_defined(s.get("wm_stream_corr") for s in r["steps"])
+            for m, r in wm_runs.items()
+        },
+        "wm_stream_collapsed_groups": {
+            m: sum(s.get("wm_stream_collapsed_groups") or 0 for s in r["steps"])
+            for m, r in wm_runs.items()
+        },
         "curves": curves,
         "budget_s": budget_s,
         "config": {k: _get(config, k) for k in CONFIG_KEYS} if config is not None else None,
         "machine": machine(runs),
     }
+
+
+def _mean_defined(values) -> float | None:
+    v = [x for x in values if x is not None]
+    return sum(v) / len(v) if v else None
+
+
+def _mean_over_seeds(values: list):
+    """The mean of one JSON value over seeds, leaf by leaf: numbers averaged (None if any
+    seed has None: a mean that silently drops a seed that never reached a target would
+    flatter it), dicts key by key, anything else the first seed's."""
+    first = values[0]
+    if isinstance(first, dict):
+        return {k: _mean_over_seeds([v.get(k) if isinstance(v, dict) else None for v in values])
+                for k in first}  # fmt: skip
+    numeric = lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+    if numeric(first) or (first is None and any(numeric(v) for v in values)):
+        return None if any(v is None for v in values) else sum(values) / len(values)
+    return first
+
+
+def over_seeds(results: list[dict]) -> dict:
+    """`{figure: {mode: mean_ci95(per-seed values)}}` for the per-mode figures (plus the WM
+    stream's within-group correlation on the anchors, `wm_stream_within_group_corr.stream`
+    and `.raw_wm`) and `{figure: mean_ci95(...)}` for the one-number figures."""
+    out = {}
+    modes = results[0]["final_heldout_reward"]
+    for fig in MODE_FIGURES:
+        out[fig] = {m: mean_ci95([r[fig].get(m) for r in results]) for m in results[0][fig]}
+    for part in ("stream", "raw_wm"):
+        out[f"wm_stream_within_group_corr.{part}"] = {
+            m: mean_ci95([(r["wm_stream_within_group_corr"].get(m) or {}).get(part)
+                          for r in results])
+            for m in results[0]["wm_stream_within_group_corr"] if m in modes
+        }  # fmt: skip
+    for fig in SCALAR_FIGURES:
+        out[fig] = mean_ci95([r[fig] for r in results])
+    return out
+
+
+def paired(results: list[dict], mode: str = "wmrl") -> dict:
+    """`{"<mode> - <other>": {figure: mean_ci95(per-seed differences)}}` for every other mode:
+    each seed's difference between the two modes (same seed, same shared stages, the same
+    equal wall-clock point), then the mean and 95% interval of those differences. A seed
+    where either value is None gives None (left out of the mean, counted in `per_seed`)."""
+    out = {}
+    for other in results[0]["final_heldout_reward"]:
+        if other == mode:
+            continue
+        diffs = {}
+        for fig in PAIRED_FIGURES:
+            d = []
+            for r in results:
+                a, b = r[fig].get(mode), r[fig].get(other)
+                d.append(None if a is None or b is None else a - b)
+            diffs[fig] = mean_ci95(d)
+        out[f"{mode} - {other}"] = diffs
+    return out
+
+
+def aggregate(results: list[dict], seeds: list[int]) -> dict:
+    """The benchmark's JSON from one `analyse` result per seed (same modes): the older keys
+    hold the mean over seeds (`_mean_over_seeds`; one seed: its values unchanged), `curves`,
+    `config`, `machine` the first seed's; plus `seeds`, `over_seeds`, `paired` and
+    `per_seed` (every seed's own result, without config and machine)."""
+    if len(results) != len(seeds) or not results:
+        raise ValueError(f"{len(results)} results for seeds {seeds}")
+    if len(results) == 1:
+        out = dict(results[0])
+    else:
+        first = results[0]
+        out = {
+            k: first[k] if k in FIRST_SEED_KEYS else _mean_over_seeds([r[k] for r in results])
+            for k in first
+        }
+        notes = [
+            f"seed {s}: {r['time_to_target_note']}"
+            for s, r in zip(seeds, results, strict=True)
+            if r["time_to_target_note"]
+        ]
+        out["time_to_target_note"] = "; ".join(notes) or None
+    out["seeds"] = list(seeds)
+    out["over_seeds"] = over_seeds(results)
+    out["paired"] = paired(results)
+    out["per_seed"] = [
+        {"seed": s, **{k: v for k, v in r.items() if k not in ("config", "machine")}}
+        for s, r in zip(seeds, results, strict=True)
+    ]
+    return out
 
 
 def _fmt(v, spec: str, none: str = "-") -> str:
@@ -188,11 +323,14 @@ def table(result: dict) -> list[dict]:
 def format_table(result: dict) -> str:
     head = (f"{'mode':<14}{'final held-out':>15}{'wall-clock s':>14}{'real execs':>12}"
             f"{'to real final s':>17}{'speedup':>9}")  # fmt: skip
-    lines = [head]
+    seeds = result.get("seeds") or [None]
+    lines = [f"means over {len(seeds)} seeds (intervals below)"] if len(seeds) > 1 else []
+    lines.append(head)
     for r in table(result):
+        count = "d" if isinstance(r["real_executions"], int) else ".1f"  # a mean over seeds
         lines.append(
             f"{r['mode']:<14}{_fmt(r['final_heldout_reward'], '.4f'):>15}"
-            f"{_fmt(r['wall_time_s'], '.1f'):>14}{_fmt(r['real_executions'], 'd'):>12}"
+            f"{_fmt(r['wall_time_s'], '.1f'):>14}{_fmt(r['real_executions'], count):>12}"
             f"{_fmt(r['time_to_real_final_s'], '.1f', 'never'):>17}"
             f"{_fmt(r['speedup'], '.2f') + ('x' if r['speedup'] else ''):>9}"
         )
@@ -209,7 +347,11 @@ def format_table(result: dict) -> str:
             f"{m} {_fmt(v, '.4f')}" + (f" +- {se:.4f}" if (se := ses.get(m)) is not None else "")
             for m, v in result["heldout_reward_at_equal_wall_clock"].items()
         )
-        + (" (standard error over the evaluation's scripts)" if any(ses.values()) else ""),
+        + (
+            " (standard error counting the variance between held-out tasks)"
+            if any(ses.values())
+            else ""
+        ),
         "less noisy, over the same window: mean of the last 3 evaluations "
         + ", ".join(
             f"{m} {_fmt(v, '.4f')}"
@@ -235,22 +377,82 @@ def format_table(result: dict) -> str:
                 for m, c in corr.items()
             )
         )
+    if "over_seeds" in result:
+        lines += ["", *format_seeds(result)]
     return "\n".join(lines)
 
 
-def plot_curves(curves: dict[str, list[dict]], path=None, target: float | None = None):
+def _stat(st: dict | None, spec: str = ".4f") -> str:
+    """`mean [lo, hi]` (n if some seeds are undefined) of a `mean_ci95` dict."""
+    if not st or st["mean"] is None:
+        return "-"
+    out = _fmt(st["mean"], spec)
+    if st["ci95"] is not None:
+        out += f" [{_fmt(st['ci95'][0], spec)}, {_fmt(st['ci95'][1], spec)}]"
+    if st["n"] < len(st["per_seed"]):
+        out += f" (n={st['n']})"
+    return out
+
+
+# The over-seeds lines of the table: (label, figure, number format).
+SEED_LINES = (
+    ("time-averaged held-out reward at equal wall-clock", "heldout_reward_time_average", ".4f"),
+    ("held-out reward at equal wall-clock", "heldout_reward_at_equal_wall_clock", ".4f"),
+    ("final held-out reward", "final_heldout_reward", ".4f"),
+    ("time to real's final held-out reward (s)", "time_to_target_s", ".1f"),
+    ("training wall-clock (s)", "wall_time_s", ".1f"),
+    ("real executions", "real_executions", ".1f"),
+    ("mean wm_stream_corr over the run", "wm_stream_corr_mean", ".3f"),
+    ("wm_stream_collapsed_groups over the run", "wm_stream_collapsed_groups", ".1f"),
+)
+
+
+def format_seeds(result: dict) -> list[str]:
+    """The table's lines over seeds: each figure's mean [95% interval] per mode, the one-number
+    figures, and the paired differences (same seed) between `wmrl` and the other modes."""
+    seeds, over = result["seeds"], result["over_seeds"]
+    lines = [f"over {len(seeds)} seed(s) {seeds}: mean [95% t-interval over seeds]"]
+    for label, fig, spec in SEED_LINES:
+        per = over.get(fig) or {}
+        if per:
+            cells = "; ".join(f"{m} {_stat(v, spec)}" for m, v in per.items())
+            lines.append(f"  {label}: {cells}")
+    ratio = over["time_to_target_ratio"]
+    lines.append(
+        f"  time_to_target_ratio (real / wmrl, per seed "
+        f"{', '.join(_fmt(v, '.2f', 'none') for v in ratio['per_seed'])}): {_stat(ratio, '.2f')}"
+    )
+    lines.append(f"  per-step speedup: {_stat(over['per_step_speedup'], '.2f')}")
+    lines.append("paired by seed (wmrl - mode; mean difference [95% t-interval], per seed):")
+    for name, figs in result["paired"].items():
+        for fig in ("heldout_reward_time_average", "heldout_reward_at_equal_wall_clock"):
+            st = figs[fig]
+            vals = ", ".join(_fmt(v, "+.4f") for v in st["per_seed"])
+            lines.append(f"  {name}, {fig}: {_stat(st, '+.4f')} ({vals})")
+    return lines
+
+
+def plot_curves(curves: dict[str, list[dict]], path=None, target: float | None = None,
+                more_seeds=()):  # fmt: skip
     """Held-out reward vs training wall-clock (left) and vs real executions (right), one line
-    per mode; saved to `path` when given. Returns the figure."""
+    per mode (the curves of `more_seeds`, other seeds' `{mode: curve}`, thin in the same
+    colour); saved to `path` when given. Returns the figure."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no backend switch
 
     fig = Figure(figsize=(11, 4))
     axes = fig.subplots(1, 2)
-    for m, curve in curves.items():
+    for i, (m, curve) in enumerate(curves.items()):
         ev = [e for e in curve if e.get("heldout_reward") is not None]
         y = [e["heldout_reward"] for e in ev]
         se = [e.get("heldout_reward_se") or 0.0 for e in ev]  # error bars: +-1 standard error
+        colour = f"C{i}"
         for ax, x in zip(axes, ("wall_time_s", "real_executions"), strict=True):
-            ax.errorbar([e[x] for e in ev], y, yerr=se, fmt="o-", ms=3, capsize=2, label=m)
+            ax.errorbar([e[x] for e in ev], y, yerr=se, fmt="o-", ms=3, capsize=2, label=m,
+                        color=colour)  # fmt: skip
+            for other in more_seeds:
+                oe = [e for e in other.get(m, []) if e.get("heldout_reward") is not None]
+                ax.plot([e[x] for e in oe], [e["heldout_reward"] for e in oe], "-", lw=0.8,
+                        alpha=0.4, color=colour)  # fmt: skip
     for ax, xlabel in zip(axes, ("training wall-clock (s)", "real executions"), strict=True):
         if target is not None:
             ax.axhline(target, color="grey", ls=":", lw=1, label="real's final")
@@ -283,20 +485,25 @@ def plot_calibration(cal: dict):
 
 
 def benchmark(config, workdir, modes=MODES, budget_s=None, steps=None, out=None,
-              progress=True, log_to_files=False) -> dict:  # fmt: skip
-    """Run (or resume, or reuse) the modes, then write the JSON and the plot; returns it."""
+              progress=True, log_to_files=False, seeds: int = 1) -> dict:  # fmt: skip
+    """Run (or resume, or reuse) the modes for each of `seeds` seeds, then write the JSON and
+    the plot; returns it."""
     from wmrl.rl.config import validate_autoresearch_config
 
     workdir = Path(workdir)
     config = shared_config(config, workdir, budget_s, steps)
     validate_autoresearch_config(config)
-    timing = run_modes(config, workdir, modes, progress, log_to_files)
-    result = analyse(load_runs(workdir, modes), config, budget_s)
+    timing = run_modes(config, workdir, modes, progress, log_to_files, seeds)
+    results = [analyse(load_runs(workdir, modes, i), config, budget_s) for i in range(seeds)]
+    result = aggregate(results, seeds_of(config, seeds))
     result["process_s"] = timing
     out = Path(out) if out else workdir / "speedup.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    plot_curves(result["curves"], workdir / "speedup.png", result["time_to_target_reward"])
+    plot_curves(
+        result["curves"], workdir / "speedup.png", result["time_to_target_reward"],
+        more_seeds=[r["curves"] for r in results[1:]],
+    )  # fmt: skip
     return result
 
 
@@ -329,6 +536,9 @@ def define_flags() -> dict:
         "steps": flags.DEFINE_integer(
             "steps", None, "RL steps per mode (default: config rl.steps; with --budget_s: none)."
         ),
+        "seeds": flags.DEFINE_integer(
+            "seeds", 1, "Run every mode once per seed (RL seeds differ, shared stages once)."
+        ),
     }
 
 
@@ -343,13 +553,16 @@ def main(argv, f: dict) -> None:
             raise ConfigError("config.experiment", "the speedup benchmark needs 'autoresearch'")
         if budget is not None and budget <= 0:
             raise ConfigError("--budget_s", f"must be > 0, got {budget}")
+        seeds = f["seeds"].value
+        if seeds < 1:
+            raise ConfigError("--seeds", f"must be >= 1, got {seeds}")
         modes = tuple(f["modes"].value or modes_for(f["ablations"].value))
         unknown = sorted(set(modes) - set(ALL_MODES))
         if unknown or not {"real", "wmrl"} <= set(modes):
             raise ConfigError(
                 "--modes", f"{list(modes)}: needs real and wmrl, modes of {list(ALL_MODES)}"
             )
-        result = benchmark(config, workdir, modes, budget, f["steps"].value, out)
+        result = benchmark(config, workdir, modes, budget, f["steps"].value, out, seeds=seeds)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -56,8 +56,9 @@ def _eval_at(curve: list[dict], t: float) -> dict | None:
 
 
 def se_at_wall_clock(curve: list[dict], t: float) -> float | None:
-    """Standard error (over its scripts) of the evaluation `reward_at_wall_clock` picks; None
-    if there is none or it has no standard error (runs before the field existed)."""
+    """Standard error (`heldout_reward_se`: counting the variance between held-out tasks;
+    runs before that logged the SE over the scripts) of the evaluation `reward_at_wall_clock`
+    picks; None if there is none or it has no standard error (runs before the field)."""
     e = _eval_at(curve, t)
     return e.get("heldout_reward_se") if e else None
 

@@ -120,23 +120,54 @@ def _in_fresh_process(target, args, what: str, log_path: str | None) -> float:
     return time.monotonic() - t0
 
 
-def run_modes(config, workdir: str | os.PathLike, modes=MODES, progress: bool = True,
-              log_to_files: bool = False) -> dict:  # fmt: skip
-    """Run the shared stages (if a mode still has to run) and every mode not yet finished;
-    returns `{"stages_s", "modes_s": {mode: s}, "reused": [modes]}`.
+def seed_config(config, index: int):
+    """The config of the benchmark's `index`-th seed: the first is `config` itself, the
+    others set `rl.seed` to the first's RL seed + `index`. Only the RL run's seed differs
+    (policy sampling, task order, routing, executions); `seed`, which the shared stages
+    depend on, stays, so every seed starts from the same data, warm start and WM."""
+    from wmrl.rl.config import rl_seed
 
-    `config` is the shared config (`shared_config`). With `log_to_files`, each process writes
-    its output to DIR/shared/stages.log or DIR/<mode>/run.log instead of the terminal."""
+    c = config.copy_and_resolve_references()
+    if index:
+        c.rl.seed = rl_seed(config) + index
+    return c
+
+
+def seeds_of(config, seeds: int) -> list[int]:
+    """The RL seeds (`wmrl.rl.config.rl_seed`) of the benchmark's `seeds` seeds."""
+    from wmrl.rl.config import rl_seed
+
+    return [rl_seed(seed_config(config, i)) for i in range(seeds)]
+
+
+def run_dir(workdir: str | os.PathLike, mode: str, index: int = 0) -> Path:
+    """Where (mode, seed index) runs: DIR/<mode> for the first seed (the layout of a one-seed
+    benchmark, so its runs are reused by a longer one), DIR/<mode>-seed<index> after."""
+    return Path(workdir) / (mode if index == 0 else f"{mode}-seed{index}")
+
+
+def run_modes(config, workdir: str | os.PathLike, modes=MODES, progress: bool = True,
+              log_to_files: bool = False, seeds: int = 1) -> dict:  # fmt: skip
+    """Run the shared stages (if a run still has to run) and every (mode, seed) run not yet
+    finished, seed by seed; returns `{"stages_s", "modes_s": {run dir name: s}, "reused":
+    [run dir names]}`.
+
+    `config` is the shared config (`shared_config`); seed i runs `seed_config(config, i)` in
+    `run_dir(workdir, mode, i)`. With `log_to_files`, each process writes its output to
+    DIR/shared/stages.log or <run dir>/run.log instead of the terminal."""
     from wmrl.rl.experiment import check_resumable, is_finished
     from wmrl.rl.stages import stages_done
 
     workdir = Path(workdir)
-    todo = [m for m in modes if not is_finished(workdir / m)]
-    for m in modes:  # fail before anything runs
-        check_resumable(mode_config(config, m), workdir / m)
-    out = {"stages_s": None, "modes_s": {}, "reused": [m for m in modes if m not in todo]}
-    for m in out["reused"]:
-        print(f"{m}: reusing the finished run in {workdir / m}", flush=True)
+    runs = [(run_dir(workdir, m, i), mode_config(seed_config(config, i), m))
+            for i in range(seeds) for m in modes]  # fmt: skip
+    todo = [(d, c) for d, c in runs if not is_finished(d)]
+    for d, c in runs:  # fail before anything runs
+        check_resumable(c, d)
+    out = {"stages_s": None, "modes_s": {},
+           "reused": [d.name for d, _ in runs if all(d != t for t, _ in todo)]}  # fmt: skip
+    for name in out["reused"]:
+        print(f"{name}: reusing the finished run in {workdir / name}", flush=True)
     if not todo:
         return out
     if not stages_done(config, config.init_dir):
@@ -144,22 +175,22 @@ def run_modes(config, workdir: str | os.PathLike, modes=MODES, progress: bool = 
         log = str(workdir / "shared" / "stages.log") if log_to_files else None
         print(f"shared stages -> {config.data_dir}, {config.init_dir}", flush=True)
         out["stages_s"] = _in_fresh_process(_stages_child, (config, log, progress), "stages", log)
-    for m in todo:
-        c, d = mode_config(config, m), workdir / m
+    for d, c in todo:
         d.mkdir(parents=True, exist_ok=True)
         (d / "config.json").write_text(c.to_json_best_effort(indent=2) + "\n")
         log = str(d / "run.log") if log_to_files else None
-        print(f"{m}: running in {d}", flush=True)
-        out["modes_s"][m] = _in_fresh_process(_mode_child, (c, str(d), log, progress), m, log)
+        print(f"{d.name}: running in {d}", flush=True)
+        out["modes_s"][d.name] = _in_fresh_process(
+            _mode_child, (c, str(d), log, progress), d.name, log
+        )
     return out
 
 
-def load_runs(workdir: str | os.PathLike, modes=MODES) -> dict:
-    """`{mode: {"summary", "steps", "pairs"}}` from the finished mode directories."""
-    workdir = Path(workdir)
+def load_runs(workdir: str | os.PathLike, modes=MODES, index: int = 0) -> dict:
+    """`{mode: {"summary", "steps", "pairs"}}` from the finished runs of seed `index`."""
     runs = {}
     for m in modes:
-        d = workdir / m
+        d = run_dir(workdir, m, index)
         runs[m] = {
             "summary": json.loads((d / "summary.json").read_text()),
             "steps": [r for r in read_jsonl(d / "metrics.jsonl") if r.get("kind") == "step"],

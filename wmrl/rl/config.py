@@ -44,7 +44,7 @@ OPTIONAL_FIELDS = ("model", "mesh_shape")
 LEGACY_DEFAULTS = {
     "wm.runtime_coef": 0.0, "wm.error_type_coef": 0.0, "wm.validation_coef": 0.0,
     "correction.adaptive_rho": False, "correction.rho_min": 0.125, "correction.rho_max": 1.0,
-    "env.turns": 1, "env.sft_episodes_per_task": 4,
+    "env.turns": 1, "env.sft_episodes_per_task": 4, "rl.seed": -1,
 }  # fmt: skip
 
 RESUMABLE_FIELDS = (
@@ -125,6 +125,15 @@ def _check_eval_points(points) -> None:
                 field, f"points must increase: point {i} ({p!r}) <= point {i - 1} "
                 f"({points[i - 1]!r})",
             )  # fmt: skip
+
+
+def rl_seed(config) -> int:
+    """The RL run's seed (`rl.seed`, or `seed` when it is -1): policy sampling, task order,
+    routing, the WM's online updates and the sandbox executions. The stages before RL (data,
+    warm start, WM pretraining) use `seed`, so runs that differ only in `rl.seed` share them
+    (the speedup benchmark's `--seeds`)."""
+    s = config.rl.seed
+    return config.seed if s == -1 else s
 
 
 def groups_per_step(config) -> int:
@@ -283,6 +292,11 @@ def _check_fields(config) -> None:
     if config.rl.baseline not in ("mean", "rloo"):
         raise ConfigError(
             "config.rl.baseline", f"must be 'mean' or 'rloo', got {config.rl.baseline!r}"
+        )
+    s = config.rl.seed
+    if not isinstance(s, int) or isinstance(s, bool) or s < -1:
+        raise ConfigError(
+            "config.rl.seed", f"must be an integer >= 0, or -1 (= config.seed), got {s!r}"
         )
     if config.rl.eval_samples < 1:
         raise ConfigError("config.rl.eval_samples", "must be >= 1")
@@ -459,7 +473,7 @@ def trainer_config(config) -> TrainerConfig:
     spec = MODE_SPECS[config.mode]
     rl, wm = config.rl, config.wm
     return TrainerConfig(
-        mode=config.mode, spec=spec, seed=config.seed, groups=groups_per_step(config),
+        mode=config.mode, spec=spec, seed=rl_seed(config), groups=groups_per_step(config),
         group_size=rl.group_size, prompt_len=config.data.max_prompt_len,
         new_tokens=config.data.max_new_tokens, turns=config.env.turns,
         anchor_lag=int(rl.anchor_lag) if spec.uses_wm and config.env.turns == 1 else 0,

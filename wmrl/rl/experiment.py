@@ -225,7 +225,7 @@ def run(
     ckpt = Checkpointer(workdir, config.rl.keep_checkpoints)
     # suite.executor: this host's pool or one per Ray node; every execution seeded from the
     # run's seed and its key (the same when a resumed run executes it again)
-    pool = make_executor(config.suite, seed=config.seed)
+    pool = make_executor(config.suite, seed=rlconfig.rl_seed(config))
     trainer = make_trainer(config, s, pool, workdir)
     try:
         st = trainer.initial_state(policy_params, wm_params)
@@ -241,7 +241,7 @@ def run(
             st.evals.append(ev)
             log.write("metrics.jsonl", [{"kind": "eval", **ev}])
             log.flush()  # before the checkpoint: records never lag behind it
-            ckpt.save(st, config.seed)
+            ckpt.save(st, rlconfig.rl_seed(config))
         st, compile_s = _train(config, trainer, st, log, ckpt, progress)
     finally:
         trainer.journal.close()
@@ -308,7 +308,7 @@ def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
             log.write("metrics.jsonl", [{"kind": "eval", **ev}])
         if do_save:
             log.flush()
-            ckpt.save(st, config.seed)
+            ckpt.save(st, rlconfig.rl_seed(config))
         bar.update((_bar_time(st, budget) if budget else st.step) - bar.n)
         bar.set_postfix(
             step=st.step,

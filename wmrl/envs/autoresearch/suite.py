@@ -1,4 +1,4 @@
-"""The built-in task suite: 26 training and 9 held-out tasks, built by one command.
+"""The built-in task suite: 26 training and 9 + 48 held-out tasks, built by one command.
 
     python -m wmrl.envs.autoresearch.suite --out=DIR [--only=ID,ID] [--workers=N]
 
@@ -9,7 +9,8 @@ values (no imputer -> crash), string columns (no encoder -> crash), class
 imbalance (F1/AUC reward metric-aware models), high dimension, large n under
 a tight time limit (slow models time out), noisy targets. Each task.json
 records its provenance and licence. Held-out tasks (``split: heldout``) must
-never be trained on.
+never be trained on; 48 of them form a generated family (`heldout_family`), so that an
+evaluation can use many held-out tasks of one kind.
 """
 
 from __future__ import annotations
@@ -481,7 +482,47 @@ def suite_tasks() -> list[SuiteTask]:
             gen,
             split="heldout",
         ),
+        *heldout_family(),
     ]
+
+
+# Generated held-out tasks of the kind the tiny config evaluates on: the three kinds of
+# `heldout-categorical-missing`, `heldout-imbalanced-missing` and
+# `heldout-gaussian-quantiles` (target column `target`, a new `id` column, features f0.. or
+# x0.., string categories and missing values), with sizes, dimensions, class counts and
+# missing rates varying with the member's number. Many held-out tasks make one evaluation's
+# standard error small where it counts the variance between tasks
+# (`wmrl.rl.evaluation.heldout_se`); their ids are `heldout-family-01` onwards.
+HELDOUT_FAMILY = 48
+
+
+def _family_member(j: int) -> SuiteTask:
+    kind, n = j % 3, 1000 + 250 * (j % 4)
+    d, informative, missing = 8 + (j * 5) % 9, 4 + j % 4, 0.05 + 0.05 * (j % 3)
+    classes = 2 + (j // 3) % 2
+    if kind == 0:
+        cat = 2 + j % 4
+        load = lambda r: _classif(n, d, informative, r, classes=classes, cat=cat, missing=missing)
+        metric, what = "accuracy", f"{cat} string categories and missing values"
+    elif kind == 1:
+        weights = [0.85, 0.1] if classes == 3 else [0.88]
+        load = lambda r: _classif(n, d, informative, r, classes=classes, weights=weights,
+                                  missing=missing)  # fmt: skip
+        metric, what = "f1_macro", f"{classes} imbalanced classes with missing values"
+    else:
+        f = 4 + j % 4
+        load = lambda r: _regress(datasets.make_gaussian_quantiles, r, n_samples=n,
+                                  n_features=f, n_classes=classes, missing=missing)  # fmt: skip
+        metric, what = "accuracy", f"{classes} classes as nested Gaussian shells, missing values"
+    return SuiteTask(
+        f"heldout-family-{j:02d}", load, "target", metric,
+        f"Generated: {what} ({n} rows).", GENERATED, split="heldout",
+    )  # fmt: skip
+
+
+def heldout_family(n: int = HELDOUT_FAMILY) -> list[SuiteTask]:
+    """The generated held-out family's first `n` members (ids stable)."""
+    return [_family_member(j) for j in range(1, n + 1)]
 
 
 def build_suite(
