@@ -256,6 +256,7 @@ def test_adaptive_rho_end_to_end(straight_run):
     assert int(tree["adaptive_rho"]["groups"]) == measured
 
 
+@pytest.mark.slow  # a third tiny run; the fast suite keeps the 3-step end-to-end run
 def test_adaptive_rho_resumed_run_equals_the_uninterrupted_one(
     straight_run, rl_shared, tmp_path, monkeypatch
 ):
