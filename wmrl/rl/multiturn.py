@@ -421,13 +421,7 @@ class MultiTurnTrainer(Trainer):
         online step on every real turn of the anchor episodes."""
         rows = x.rows
         adv = np.tile(np.asarray(c.out["advantages"], np.float32), self.K)
-        batch = {**rows, "ref_logp": x.ref_logp * rows["loss_mask"], "advantages": adv}
-        if self._policy_step is None:
-            from wmrl.rl import models
-
-            self._policy_step = models.policy_step(self.policy, batch, self.config)
-        policy, pmetrics = self._policy_step(st.policy, batch)
-        pmetrics = distributed.process_allgather_to_numpy(pmetrics)
+        policy, pmetrics = self._policy_update(st, x, adv)
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:
             N = len(ep.scripts[0])

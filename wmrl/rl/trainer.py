@@ -415,19 +415,21 @@ class Trainer:
         )  # fmt: skip
         return Corrected(correction, out, stats, static, env_valid)
 
+    def _policy_update(self, st: RunState, x: Exchanged, advantages: np.ndarray):
+        """The policy's step on the exchanged rows with these per-row advantages (compiled on
+        first use): (new policy state, its metrics on every process)."""
+        rows = x.rows
+        batch = {**rows, "ref_logp": x.ref_logp * rows["loss_mask"], "advantages": advantages}
+        if self._policy_step is None:
+            self._policy_step = models.policy_step(self.policy, batch, self.config)
+        policy, pmetrics = self._policy_step(st.policy, batch)
+        return policy, distributed.process_allgather_to_numpy(pmetrics)
+
     def _update(self, st: RunState, r: Routed, x: Exchanged, c: Corrected) -> Updated:
         """update: the policy step on the batch; the WM's online step on the replay of real
         outcomes (it learns only from those)."""
         rows, idx = x.rows, r.anchor_idx
-        batch = {
-            **rows,
-            "ref_logp": x.ref_logp * rows["loss_mask"],
-            "advantages": np.asarray(c.out["advantages"]),
-        }
-        if self._policy_step is None:
-            self._policy_step = models.policy_step(self.policy, batch, self.config)
-        policy, pmetrics = self._policy_step(st.policy, batch)
-        pmetrics = distributed.process_allgather_to_numpy(pmetrics)
+        policy, pmetrics = self._policy_update(st, x, np.asarray(c.out["advantages"]))
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:
             anchor = {k: rows[k][idx] for k in ("tokens", "input_mask")}

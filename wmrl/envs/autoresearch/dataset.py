@@ -64,20 +64,13 @@ def execute_corpus(
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "executions.jsonl"
     done: set[tuple[str, int]] = set()
-    if log_path.exists():
-        _drop_torn_tail(log_path)
-        with open(log_path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by the interruption; it is executed again
-                if bool(rec.get("episode", False)) != (episode_root is not None):
-                    raise ValueError(
-                        f"{log_path} was executed with episode_root "
-                        f"{'set' if rec.get('episode') else 'unset'}; use another data_dir"
-                    )
-                done.add((rec["task_id"], rec["index"]))
+    for rec in journal_records(log_path):
+        if bool(rec.get("episode", False)) != (episode_root is not None):
+            raise ValueError(
+                f"{log_path} was executed with episode_root "
+                f"{'set' if rec.get('episode') else 'unset'}; use another data_dir"
+            )
+        done.add((rec["task_id"], rec["index"]))
     plan = []
     for task in load_suite(suite_dir):
         info = task_info(task)
@@ -130,6 +123,20 @@ def execute_corpus(
             bar.update(1)
         bar.close()
     return log_path
+
+
+def journal_records(path: Path):
+    """The complete records of a resumable execution journal (none if it does not exist yet),
+    after dropping a tail torn by an interruption; a line cut by it is executed again."""
+    if not path.exists():
+        return
+    _drop_torn_tail(path)
+    with open(path) as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
 
 
 def _drop_torn_tail(path: Path) -> None:

@@ -42,7 +42,7 @@ from pathlib import Path
 from absl import app, flags
 
 from wmrl.envs.autoresearch import author
-from wmrl.envs.autoresearch.dataset import _drop_torn_tail
+from wmrl.envs.autoresearch.dataset import journal_records
 from wmrl.envs.autoresearch.episode import make_episode_task
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.make_task import task_info
@@ -146,16 +146,7 @@ def execute_episodes(
     data_dir.mkdir(parents=True, exist_ok=True)
     task_root = Path(task_root) if task_root is not None else data_dir / "tasks"
     log_path = data_dir / "episodes.jsonl"
-    done: set[tuple[str, int]] = set()
-    if log_path.exists():
-        _drop_torn_tail(log_path)
-        with open(log_path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                done.add((rec["task_id"], rec["index"]))
+    done = {(rec["task_id"], rec["index"]) for rec in journal_records(log_path)}
     pending: list[_Episode] = []
     for task in load_suite(suite_dir, split=split):
         info = task_info(task)
