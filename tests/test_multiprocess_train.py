@@ -3,12 +3,16 @@ step on their halves of one global batch, then a few WMRL steps (the trainer's c
 the update); both equal a single-process reference."""
 
 import numpy as np
+import pytest
 from flax import traverse_util
 
 from tests.multiprocess_helpers import run_local_processes
 from tests.policy_step_case import single_process_reference, wmrl_reference
 
 
+# Slow: the fast suite's multi-process run is tests/test_multiprocess_rl.py (the whole trainer
+# over two processes, whose sharded policy and WM updates this test checks in isolation).
+@pytest.mark.slow
 def test_policy_train_step_across_two_processes_equals_single_process(tmp_path):
     out = tmp_path / "params.npz"
     results = run_local_processes("multiprocess_train_worker.py", [str(out)], 2, devices=4)

@@ -147,6 +147,9 @@ def test_missing_client_library_is_named_before_the_run():
     storage.check_backend(epath.Path("runs/local"))  # local: nothing to check
 
 
+# Slow: the fast suite keeps the bandit pipeline on gs://, the journal and orbax round trips on
+# it, and the local corrupt-checkpoint fallback (tests/test_rl_resume.py).
+@pytest.mark.slow
 def test_autoresearch_on_gs_resumes_past_a_corrupt_checkpoint(
     fake_gcs, rl_shared, tmp_path, monkeypatch, capsys
 ):
