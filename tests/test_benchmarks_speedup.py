@@ -393,3 +393,33 @@ def test_benchmark_end_to_end_tiny(tmp_path):
         assert (tmp_path / "bench" / m / "summary.json").exists()
     assert (tmp_path / "bench" / "shared" / "init" / "warmstart" / "done.json").exists()
     assert "time_to_target_ratio" in proc.stdout
+
+
+@pytest.mark.slow
+def test_benchmark_end_to_end_tiny_multiturn(tmp_path):
+    """`--config=configs/autoresearch_multiturn.py` works unchanged (issue 18): the tiny
+    setting at K = 2, 2 steps of `real` and `wmrl`, every turn of `real` executed."""
+    from tests.rl_fixtures import tiny_flags
+    from wmrl.rl.presets import TINY_MULTITURN_SETTING
+
+    turns = {k.replace(".", "__"): v for k, v in TINY_MULTITURN_SETTING.items()}
+    flags = tiny_flags("", "", rl__steps=2, **turns)
+    cmd = bench_cmd(
+        tmp_path / "bench", "--config=configs/autoresearch_multiturn.py", "--modes=real,wmrl",
+        *flags,
+    )  # fmt: skip
+    proc = run_bench(cmd, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "bench" / "speedup.json").read_text())
+    assert set(data["final_heldout_reward"]) == {"real", "wmrl"}
+    for key in ("time_to_target_ratio", "amdahl_bound", "per_step_speedup", "curves"):
+        assert key in data, key
+    # 2 steps x 2 tasks x 2 episodes x 2 turns: real executes every turn of every episode.
+    assert data["real_executions"]["real"] == 16
+    assert 0 < data["real_executions"]["wmrl"] < 16 and data["wm_calls"]["wmrl"] > 0
+    for m in ("real", "wmrl"):
+        summary = json.loads((tmp_path / "bench" / m / "summary.json").read_text())
+        assert len(summary["final_heldout_reward_by_turn"]) == 2
+        assert summary["final_heldout_reward_by_turn"][-1] == pytest.approx(
+            summary["final_heldout_reward"]
+        )
