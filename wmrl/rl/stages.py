@@ -242,7 +242,7 @@ def policy_samples(config, prepared, policy: models.Model, params, stage_dir, pr
         err = int(out["error_type"][i])
         records.append({
             "task_id": task.id, "index": i % k, "script": script,
-            "completion": rows["tokens"][i, P:][rows["input_mask"][i, P:]].tolist(),
+            "completion": rows["tokens"][i, P:][rows["input_mask"][i, P:].astype(bool)].tolist(),
             "status": int(out["status"][i]),
             "reward": float(out["reward"][i]) if graded else None,
             "runtime_s": None if np.isnan(out["runtime_s"][i]) else float(out["runtime_s"][i]),
