@@ -17,7 +17,9 @@ from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
 from wmrl.rl import experiment, stages
 
-K = 4
+# Two samples (rl.eval_samples' count: the held-out evaluation's sampler shapes, compiled
+# once per session), the second held out (wm.policy_validation_every=2).
+K, EVERY = 2, 2
 
 
 def _lines(path) -> int:
@@ -33,7 +35,9 @@ def built(rl_shared, tmp_path_factory):
     experiment.prepare_stages(base, shared_init, progress=False)  # the shared stages, k = 0
     init = tmp_path_factory.mktemp("policy_samples") / "init"
     shutil.copytree(shared_init / "warmstart", init / "warmstart")
-    config = tiny_config(data_dir, init, wm__policy_samples_per_task=K)
+    config = tiny_config(
+        data_dir, init, wm__policy_samples_per_task=K, wm__policy_validation_every=EVERY
+    )
     s = experiment.prepare_stages(config, init, progress=False)
     return base, config, init, s
 
@@ -81,8 +85,7 @@ def test_rows_reach_pretraining(built):
     rep = s.wm_report
     assert rep["train_examples"] == len(corpus) + len(fit)
     assert rep["policy_fit_examples"] == len(fit)
-    if held:
-        assert rep["policy_validation"]["n"] == len(held)
+    assert rep["policy_validation"]["n"] == len(held) >= 1
     rows = stages.policy_sample_rows(config, s.prepared, records)
     assert len(rows["tokens"]) == len(graded)
     assert rows["script_index"].min() >= config.data.scripts_per_task
@@ -118,7 +121,9 @@ def test_second_call_reuses_the_stage_without_executing(built, monkeypatch):
 
 def test_fingerprint_refuses_a_changed_k(built):
     _base, config, init, s = built
-    other = tiny_config(config.data_dir, init, wm__policy_samples_per_task=K + 1)
+    other = tiny_config(
+        config.data_dir, init, wm__policy_samples_per_task=K + 1, wm__policy_validation_every=EVERY
+    )
     stage = init / stages.POLICY_SAMPLES
     with pytest.raises(ConfigError, match=r"wm\.policy_samples_per_task"):
         stages.policy_samples(other, s.prepared, s.policy, s.policy_params, stage)
@@ -127,7 +132,7 @@ def test_fingerprint_refuses_a_changed_k(built):
 
 
 def test_k0_is_todays_pipeline(built, tmp_path):
-    base, config, _init, s = built
+    base, config, init, s = built
     assert stages.active_stages(base) == ("warmstart", "wm_pretrain")
     assert "wm.policy_samples_per_task" not in stages.STAGE_FIELDS["warmstart"]
     records, report = stages.policy_samples(
@@ -140,12 +145,18 @@ def test_k0_is_todays_pipeline(built, tmp_path):
         for k in ("wm.policy_samples_per_task", "wm.policy_validation_every"):
             old.pop(k)
         assert rlconfig.config_differences(old, stages._fingerprint(base, stage)) == []
-        assert rlconfig.config_differences(old, stages._fingerprint(config, stage)) == [
+        with_k = tiny_config(config.data_dir, init, wm__policy_samples_per_task=8)
+        assert rlconfig.config_differences(old, stages._fingerprint(with_k, stage)) == [
             "wm.policy_samples_per_task"
         ]
     shared = base.init_dir
     rep = stages._done(stages.epath.Path(shared) / "wm_pretrain", base)
     assert "policy_validation" not in rep and "policy_fit_examples" not in rep
+    train_ids = {t.id for t in s.prepared.train_tasks}
+    corpus = [
+        r for r in s.prepared.executions if r["split"] == "train" and r["task_id"] in train_ids
+    ]
+    assert rep["train_examples"] == len(corpus)  # the executed corpus alone
 
 
 @pytest.mark.parametrize(
