@@ -115,6 +115,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.wm.trunk_from_policy = False  # WM trunk = the warm-started policy's (its width, weights)
     c.wm.validation_every = 0  # k > 0: every k-th script of a train task is held out (report)
     c.wm.group_rows = 1  # pretraining batches of tasks x this many of their scripts (1 = rows)
+    # k > 0: after the warm start, k scripts per training task sampled from the policy as RL
+    # samples and executed as RL executes (a cached stage, <init_dir>/policy_samples), added
+    # to the WM pretraining rows: the WM then sees the scripts it scores in RL. 0 = corpus only.
+    c.wm.policy_samples_per_task = 0
+    # Every v-th policy sample of each task is held out of pretraining (the report's
+    # policy_validation: within-task Spearman on new policy scripts); 0 = none held out.
+    c.wm.policy_validation_every = 4
     c.wm.online_learning_rate = 3e-4
     c.wm.online_steps = 2  # WM fine-tuning steps per RL step, on the replay of real outcomes
     c.wm.replay_size = 512

@@ -357,7 +357,7 @@ def test_seed_configs_share_the_stages(tmp_path):
     assert speedup_runner.seed_config(base, 0).rl.seed == -1  # the one-seed layout, reused
     assert speedup_runner.seeds_of(base, 3) == [0, 1, 2]
     assert rlconfig.trainer_config(c2).seed == 2 and rlconfig.trainer_config(base).seed == 0
-    for stage in ("warmstart", "wm_pretrain"):  # the shared stages see one config
+    for stage in ("warmstart", "policy_samples", "wm_pretrain"):  # shared: one config
         assert _fingerprint(c1, stage) == _fingerprint(base, stage)
     assert speedup_runner.run_dir(tmp_path, "wmrl", 0) == tmp_path / "wmrl"
     assert speedup_runner.run_dir(tmp_path, "wmrl", 2) == tmp_path / "wmrl-seed2"

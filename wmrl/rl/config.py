@@ -45,6 +45,7 @@ LEGACY_DEFAULTS = {
     "wm.runtime_coef": 0.0, "wm.error_type_coef": 0.0, "wm.validation_coef": 0.0,
     "correction.adaptive_rho": False, "correction.rho_min": 0.125, "correction.rho_max": 1.0,
     "env.turns": 1, "env.sft_episodes_per_task": 4, "rl.seed": -1,
+    "wm.policy_samples_per_task": 0, "wm.policy_validation_every": 4,
 }  # fmt: skip
 
 RESUMABLE_FIELDS = (
@@ -183,6 +184,7 @@ def _check_numbers(config) -> None:
     _finite(config, "correction.rho", least=0)
     _positive(config, "wm.group_rows")
     _positive(config, "wm.validation_every", 0)
+    _check_policy_samples(config)
     spacing = config.correction.bin_spacing
     if spacing not in ("equal_width", "equal_mass"):
         raise ConfigError(
@@ -206,6 +208,20 @@ def _check_numbers(config) -> None:
             f"config.suite.workers={config.suite.workers} is above the {cores} CPU cores of "
             "this machine: the sandboxes will share cores and every execution will run slower",
             stacklevel=3,
+        )
+
+
+def _check_policy_samples(config) -> None:
+    """`wm.policy_samples_per_task` and `wm.policy_validation_every`: integers >= 0; policy
+    samples are single-turn scripts (a multi-turn WM is pretrained on executed episodes)."""
+    for field in ("wm.policy_samples_per_task", "wm.policy_validation_every"):
+        v = config_field(config, field)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ConfigError(f"config.{field}", f"must be an integer >= 0, got {v!r}")
+    if config.wm.policy_samples_per_task and config.env.turns > 1:
+        raise ConfigError(
+            "config.wm.policy_samples_per_task",
+            f"policy samples are single-turn scripts; with env.turns={config.env.turns} use 0",
         )
 
 

@@ -1,7 +1,8 @@
 """The AutoResearch pipeline behind `python -m wmrl.main --config=configs/autoresearch_tiny.py`.
 
-`run(config, workdir)` does, resumably: data stage -> warm start -> WM pretraining -> RL with
-evaluations -> summary and plots. Importable from a notebook (`colabs/ablations.ipynb`).
+`run(config, workdir)` does, resumably: data stage -> warm start -> (policy samples, with
+`wm.policy_samples_per_task` > 0) -> WM pretraining -> RL with evaluations -> summary and
+plots. Importable from a notebook (`colabs/ablations.ipynb`).
 
 Files in the workdir:
     metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval")
@@ -14,7 +15,8 @@ Files in the workdir:
     checkpoints/    Orbax CheckpointManager steps
     tb/             TensorBoard event files
     plots/          heldout_reward.png, wm_calibration.png, corrections.png
-    init/, data/    warm-start and WM-pretraining checkpoints, the data stage (unless
+    init/, data/    warm-start and WM-pretraining checkpoints (and the policy samples when
+                    wm.policy_samples_per_task > 0), the data stage (unless
                     config.init_dir / config.data_dir point elsewhere)
 
 The workdir may be a URL such as gs://BUCKET/PATH (`wmrl.storage`): everything above is then
@@ -176,6 +178,7 @@ class Stages:
     sft_report: dict
     wm_report: dict
     seconds: float
+    policy_samples_report: dict | None = None  # None: wm.policy_samples_per_task = 0
 
 
 def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) -> Stages:
@@ -193,6 +196,10 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
     policy_params, sft_report = stages.warm_start(
         config, prepared, policy, inits / "warmstart", progress
     )
+    # The warm-started policy's own scripts, executed, for the WM pretraining (k > 0 only).
+    samples, samples_report = stages.policy_samples(
+        config, prepared, policy, policy_params, inits / stages.POLICY_SAMPLES, progress
+    )
     # A WM trunk shared with the policy starts from its weights: the checkpoint's (policy
     # params before the warm start) or, with wm.trunk_from_policy, the warm-started ones.
     trunk = policy_params if config.wm.trunk_from_policy else policy.state.params
@@ -200,10 +207,12 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
         config, vocab, models.adam(config.wm.online_learning_rate), mesh, config.seed + 1,
         trunk_params=trunk,
     )  # fmt: skip
-    wm_params, wm_report = stages.pretrain_wm(config, prepared, wm, inits / "wm_pretrain", progress)
+    wm_params, wm_report = stages.pretrain_wm(
+        config, prepared, wm, inits / "wm_pretrain", progress, samples=samples
+    )
     return Stages(
         prepared, policy, wm, policy_params, wm_params, sft_report, wm_report,
-        time.monotonic() - t0,
+        time.monotonic() - t0, samples_report,
     )  # fmt: skip
 
 
@@ -250,6 +259,10 @@ def run(
         ckpt.close()
         log.close()
     summary = make_summary(config, st, s.sft_report, s.wm_report, s.seconds, compile_s)
+    if s.policy_samples_report is not None:  # the stage's cost (executions, seconds)
+        summary["policy_samples"] = {
+            k: v for k, v in s.policy_samples_report.items() if k != "config"
+        }
     if write_outputs:
         records = read_jsonl(workdir / "metrics.jsonl")
         plot_run(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -22,27 +23,46 @@ from tqdm import tqdm
 from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
 from wmrl.core.stats import interval_ece, spearman
+from wmrl.envs.autoresearch.grader import Status
+from wmrl.envs.autoresearch.observation import ERROR_TYPES
+from wmrl.jsonl import read_jsonl
 from wmrl.rl import data as rldata
 from wmrl.rl import models, pretrained
 from wmrl.rl.config import config_differences, config_field, legacy_hint
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
+_WARMSTART = ("seed", "suite.dir", "suite.tasks", "data", "policy", "pretrained")
 STAGE_FIELDS = {
-    "warmstart": ("seed", "suite.dir", "suite.tasks", "data", "policy", "pretrained"),
+    "warmstart": _WARMSTART,
+    # The warm-started policy's scripts, sampled as RL samples and executed as RL executes.
+    "policy_samples": (
+        *_WARMSTART, "wm.policy_samples_per_task", "rl.temperature", "suite.time_limit_s",
+    ),
     "wm_pretrain": (
         "seed", "suite.dir", "suite.tasks", "data", "pretrained", "wm.d_model", "wm.num_layers",
         "wm.mlp_dim", "wm.head_dim", "wm.num_members", "wm.pretrain_steps", "wm.batch_size",
         "wm.learning_rate", "wm.rank_coef", "wm.runtime_coef", "wm.error_type_coef",
         "wm.validation_coef", "wm.group_rows",
         "wm.trunk_from_policy", "wm.validation_every", "policy",
+        "wm.policy_samples_per_task", "wm.policy_validation_every",
     ),
 }  # fmt: skip
+POLICY_SAMPLES = "policy_samples"
+POLICY_SAMPLES_KEY = 17  # folded into jax.random.key(seed): the policy samples' stream
+
+
+def active_stages(config) -> tuple[str, ...]:
+    """The stages before RL this config runs (the policy samples only with
+    `wm.policy_samples_per_task` > 0)."""
+    skip = () if config.wm.policy_samples_per_task > 0 else (POLICY_SAMPLES,)
+    return tuple(s for s in STAGE_FIELDS if s not in skip)
 
 
 def stages_done(config, init_dir) -> bool:
-    """Whether every stage before RL (the warm start and the WM pretraining, written after
-    the data stage) has completed under `init_dir` with this config."""
-    return all(_done(epath.Path(init_dir) / stage, config) is not None for stage in STAGE_FIELDS)
+    """Whether every stage before RL (the warm start, the policy samples when configured and
+    the WM pretraining, written after the data stage) has completed under `init_dir` with
+    this config."""
+    return all(_done(epath.Path(init_dir) / s, config) is not None for s in active_stages(config))
 
 
 def _fingerprint(config, stage: str) -> dict:
@@ -154,6 +174,141 @@ def warm_start(config, prepared, policy: models.Model, stage_dir: epath.Path, pr
               "time_s": time.monotonic() - t0}  # fmt: skip
     save_params(stage_dir, state.params, report, config)
     return state.params, report
+
+
+SAMPLES_FILE = "samples.jsonl"  # the policy samples' records, written before done.json
+SAMPLES_STARTED = "started.json"  # the fingerprint an unfinished policy-sample stage ran with
+
+
+def policy_samples(config, prepared, policy: models.Model, params, stage_dir, progress=True):
+    """`wm.policy_samples_per_task` = k scripts per training task from the warm-started
+    policy, sampled with RL's settings (its prompt, `rl.temperature`, `data.max_new_tokens`)
+    and executed for real in the sandbox pool as the RL anchors are (each task's limit capped
+    by `suite.time_limit_s`, the grader's outcome), by the held-out evaluation's sampler and
+    executor (`evaluation.generate_rows`, `evaluation.execute_scripts`). Returns (records,
+    report); k = 0: ([], None), nothing sampled or written.
+
+    The WM pretraining fits on them (`policy_sample_rows`): it then sees the distribution it
+    scores during RL, not only the authored corpus. Cached under `stage_dir` (`samples.jsonl`,
+    then `done.json` last); every execution is journalled as it completes
+    (`executions.jsonl`), so an interrupted stage samples the same scripts again (same key)
+    and reuses what it had executed. Sampling is collective over the JAX processes; each
+    executes its round-robin share on its own pool; process 0 writes the files."""
+    k = config.wm.policy_samples_per_task
+    if k == 0:
+        return [], None
+    stage_dir = epath.Path(stage_dir)
+    report = _done(stage_dir, config)
+    if report is not None:
+        return read_jsonl(stage_dir / SAMPLES_FILE), report
+    from wmrl.envs.autoresearch.executor import make_executor
+    from wmrl.rl import evaluation
+    from wmrl.rl.anchors import open_journal
+
+    fingerprint = _fingerprint(config, POLICY_SAMPLES)
+    started = stage_dir / SAMPLES_STARTED
+    if distributed.is_main_process():
+        stale = started.exists() and json.loads(started.read_text()) != fingerprint
+        if stale or (stage_dir.exists() and not started.exists()):
+            stage_dir.rmtree()  # an attempt with other settings: its executions do not apply
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        started.write_text(json.dumps(fingerprint, indent=2))
+    distributed.barrier(f"{POLICY_SAMPLES} started")
+    t0 = time.monotonic()
+    tasks, tok = prepared.train_tasks, prepared.tokenizer
+    if progress:
+        print(f"policy samples: {k} per training task x {len(tasks)} tasks", flush=True)
+    prompts = [rldata.task_prompt(config, t) for t in tasks]
+    sc = evaluation.rl_sampling(config, tok, k)
+    key = jax.random.fold_in(jax.random.key(config.seed), POLICY_SAMPLES_KEY)
+    rows, scripts = evaluation.generate_rows(
+        policy.graphdef, params, tok, prompts, config.data.max_prompt_len, sc, key,
+        models.seq_len(config),
+    )  # fmt: skip
+    sample_s = time.monotonic() - t0
+    row_tasks = [t for t in tasks for _ in range(k)]
+    journal = open_journal(stage_dir, "executions")
+    try:
+        with make_executor(config.suite, seed=config.seed) as pool:
+            out = evaluation.execute_scripts(
+                pool, journal, 0, row_tasks, scripts, kind=POLICY_SAMPLES, observations=True
+            )
+    finally:
+        journal.close()
+    P = config.data.max_prompt_len
+    records = []
+    for i, (task, script) in enumerate(zip(row_tasks, scripts, strict=True)):
+        graded = out["status"][i] != int(Status.UNGRADED)
+        err = int(out["error_type"][i])
+        records.append({
+            "task_id": task.id, "index": i % k, "script": script,
+            "completion": rows["tokens"][i, P:][rows["input_mask"][i, P:].astype(bool)].tolist(),
+            "status": int(out["status"][i]),
+            "reward": float(out["reward"][i]) if graded else None,
+            "runtime_s": None if np.isnan(out["runtime_s"][i]) else float(out["runtime_s"][i]),
+            "error_type": ERROR_TYPES[err] if err >= 0 else None,
+        })  # fmt: skip
+    statuses = [Status(r["status"]).name for r in records]
+    rewards = [r["reward"] for r in records if r["reward"] is not None]
+    report = {
+        "samples_per_task": k, "tasks": len(tasks), "executions": len(records),
+        "new_executions": out["new"],
+        "graded": len(rewards),
+        "status_counts": {n: statuses.count(n) for n in sorted(set(statuses))},
+        "mean_reward": float(np.mean(rewards)) if rewards else None,
+        "sample_s": sample_s, "time_s": time.monotonic() - t0,
+    }  # fmt: skip
+    if distributed.is_main_process():
+        (stage_dir / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+        done = {**report, "config": fingerprint}
+        (stage_dir / "done.json").write_text(json.dumps(done, indent=2))
+    distributed.barrier(f"{POLICY_SAMPLES} done")
+    return records, report
+
+
+def policy_sample_rows(config, prepared, records: list[dict]) -> dict:
+    """WM rows of the graded policy samples (an ungraded execution is no outcome: never a
+    target), in the layout RL scores: the task's prompt and the sampled tokens themselves;
+    group = their task, `script_index` after the corpus's (`data.scripts_per_task` + the
+    sample's index within its task), real targets (reward, status, runtime, error type),
+    `time_limit_s` the limit they were executed under."""
+    tasks = prepared.train_tasks + prepared.heldout_tasks
+    index = {t.id: i for i, t in enumerate(tasks)}
+    by_id = {t.id: t for t in tasks}
+    recs = [r for r in records if r["status"] != int(Status.UNGRADED)]
+    P, N = config.data.max_prompt_len, config.data.max_new_tokens
+    prompts = [rldata.task_prompt(config, by_id[r["task_id"]]) for r in recs]
+    ids, pmask = rldata.encode_prompts(prepared.tokenizer, prompts, P)
+    comp, cmask = np.zeros((len(recs), N), np.int32), np.zeros((len(recs), N), bool)
+    for i, r in enumerate(recs):
+        comp[i, : len(r["completion"])] = r["completion"]
+        cmask[i, : len(r["completion"])] = True
+    rows = {
+        "tokens": np.concatenate([ids, comp], axis=1).astype(np.int32),
+        "input_mask": np.concatenate([pmask, cmask], axis=1),
+        "loss_mask": np.concatenate([np.zeros_like(pmask), cmask], axis=1).astype(np.float32),
+        "fits": np.ones(len(recs), bool),
+        **rldata.reward_targets(recs),
+    }
+    rows["group"] = np.array([index[r["task_id"]] for r in recs], np.int32)
+    start = config.data.scripts_per_task
+    rows["script_index"] = np.array([start + r["index"] for r in recs], np.int32)
+    cap = config.suite.time_limit_s
+    rows["time_limit_s"] = np.array(
+        [rldata.time_limit(by_id[r["task_id"]], cap) for r in recs], np.float32
+    )
+    return rows
+
+
+def split_policy_samples(config, rows: dict) -> tuple[dict, dict]:
+    """`(fit rows, held-out rows)` of the policy samples: every `wm.policy_validation_every`
+    = v-th sample of each task (index % v == v - 1; v = 0: none) is held out, so the report
+    can say how well the WM ranks *new policy scripts* of seen tasks, the rows it scores in
+    RL, whether or not it was fitted on the others (`wmrl.benchmarks.wm_quality`)."""
+    every = config.wm.policy_validation_every
+    j = rows["script_index"] - config.data.scripts_per_task
+    val = (j % every == every - 1) if every > 0 else np.zeros(len(j), bool)
+    return {k: v[~val] for k, v in rows.items()}, {k: v[val] for k, v in rows.items()}
 
 
 def wm_rows(config, prepared, split: str) -> dict:
@@ -310,8 +465,17 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool =
     return report
 
 
-def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progress=True):
-    """Fit the WM on the executed corpus of the training tasks; report held-out calibration."""
+def pretrain_wm(
+    config, prepared, wm: models.Model, stage_dir: epath.Path, progress=True,
+    samples: list[dict] | None = None,
+):  # fmt: skip
+    """Fit the WM on the executed corpus of the training tasks; report held-out calibration.
+
+    `samples`: the policy samples' records (`policy_samples`). With
+    `wm.policy_samples_per_task` > 0 their fit part (`split_policy_samples`) joins the
+    pretraining rows; either way the report's `policy_validation` is the WM on their held-out
+    part (with k = 0 the WM never saw a policy sample: the control of
+    `wmrl.benchmarks.wm_quality`)."""
     report = _done(stage_dir, config)
     if report is not None:
         return load_params(stage_dir, wm.state.params), report
@@ -319,6 +483,13 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
 
     train, held = wm_rows(config, prepared, "train"), wm_rows(config, prepared, "heldout")
     train, validation = split_validation(train, config.wm.validation_every)
+    policy_fit, policy_val = None, None
+    if samples:
+        policy_fit, policy_val = split_policy_samples(
+            config, policy_sample_rows(config, prepared, samples)
+        )
+        if config.wm.policy_samples_per_task > 0:
+            train = _concat(train, policy_fit)
     n, bs, steps = len(train["tokens"]), config.wm.batch_size, config.wm.pretrain_steps
     m = wm.with_optimizer(models.adam(config.wm.learning_rate, steps, warmup=max(steps // 20, 1)))
     rng = np.random.default_rng(config.seed + 1)
@@ -350,5 +521,12 @@ def pretrain_wm(config, prepared, wm: models.Model, stage_dir: epath.Path, progr
     }
     if validation is not None:
         report["validation"] = wm_report(score_fn, state.params, validation, keep_scores=False)
+    if policy_fit is not None:
+        fitted = config.wm.policy_samples_per_task > 0
+        report["policy_fit_examples"] = len(policy_fit["tokens"]) if fitted else 0
+        if len(policy_val["tokens"]):
+            report["policy_validation"] = wm_report(
+                score_fn, state.params, policy_val, keep_scores=False
+            )
     save_params(stage_dir, state.params, report, config)
     return state.params, report

@@ -52,7 +52,6 @@ from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import init_correction_state
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.grader import reward as status_reward
-from wmrl.models.sampler import SamplingConfig, generate
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
 from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
@@ -100,10 +99,7 @@ class Trainer:
         self.B, self.G, self.P, self.N = tc.groups, tc.group_size, tc.prompt_len, tc.new_tokens
         self.policy, self.wm = policy, wm
         self.key = jax.random.key(tc.seed)
-        self.sc = SamplingConfig(
-            max_new_tokens=self.N, eos_id=self.tok.eos_id, pad_id=self.tok.pad_id,
-            num_samples=self.G, temperature=tc.temperature,
-        )  # fmt: skip
+        self.sc = evaluation.rl_sampling(config, self.tok, self.G)
         self.eval_sc = dataclasses.replace(self.sc, num_samples=tc.eval_samples)
         self.max_len = models.seq_len(config)
         # Rows are [prompt: P columns, left-padded | completion]: log-probs from column P on.
@@ -199,29 +195,14 @@ class Trainer:
         return [self.train[i] for i in idx]
 
     def _generate(self, params, tasks, sc, key):
-        ids, mask = rldata.encode_prompts(self.tok, [self.prompts[t.id] for t in tasks], self.P)
-        out = generate(
-            self.policy.graphdef, params, jnp.asarray(ids), jnp.asarray(mask), key, sc, self.max_len
+        prompts = [self.prompts[t.id] for t in tasks]
+        return evaluation.generate_rows(
+            self.policy.graphdef, params, self.tok, prompts, self.P, sc, key, self.max_len
         )
-        comp, cmask, logp = distributed.process_allgather_to_numpy(
-            (out.tokens, out.mask, out.logprobs)
-        )
-        G = sc.num_samples
-        rows = {
-            "tokens": np.concatenate([np.repeat(ids, G, axis=0), comp], axis=1),
-            "input_mask": np.concatenate([np.repeat(mask, G, axis=0), cmask], axis=1),
-            "loss_mask": np.concatenate(
-                [np.zeros((len(comp), self.P), np.float32), cmask.astype(np.float32)], axis=1
-            ),
-            "old_logp": np.concatenate(
-                [np.zeros((len(comp), self.P), np.float32), logp * cmask], axis=1
-            ),
-        }
-        return rows, self._decode(comp, cmask)
 
     def _decode(self, comp: np.ndarray, cmask: np.ndarray) -> list[str]:
         """The scripts of completions `[n, N]` (tokens where `cmask`)."""
-        return [self.tok.decode(row[m.astype(bool)]) for row, m in zip(comp, cmask, strict=True)]
+        return evaluation.decode_scripts(self.tok, comp, cmask)
 
     def _wm_scores(self, params, rows, tasks) -> dict:
         """WM predictions of the rows (`tasks`: each row's task, whose time limit the
@@ -491,29 +472,14 @@ class Trainer:
         key = jax.random.fold_in(jax.random.key(self.tc.seed + 1), st.step)
         rows, scripts = self._generate(st.policy.params, tasks, self.eval_sc, key)
         row_tasks = [t for t in tasks for _ in range(k)]
-        owner = distributed.round_robin_owners(len(scripts))
-        mine = np.nonzero(owner == jax.process_index())[0]
-        status = np.full(len(scripts), int(Status.UNGRADED), np.int32)
-        reward = np.full(len(scripts), np.nan)  # float64: exactly the grader's rewards
-        futs, journal = {}, self.eval_journal
-        for i in mine:
-            hit = journal.lookup(st.step, int(i), scripts[i])
-            if hit is None:
-                futs[i] = self.pool.submit(row_tasks[i], scripts[i], key=f"eval/{st.step}/{i}")
-            else:
-                status[i] = hit["status"]
-                reward[i] = np.nan if hit["reward"] is None else hit["reward"]
-        for i, fut in futs.items():
-            res = fut.result()
-            status[i], reward[i] = int(res.status), res.reward
-            journal.record(st.step, int(i), scripts[i], row_tasks[i].id, res.status, res.reward)
-        journal.flush()
-        merged = distributed.merge_from_owners({"status": status, "reward": reward}, owner)
+        out = evaluation.execute_scripts(
+            self.pool, self.eval_journal, st.step, row_tasks, scripts, kind="eval"
+        )
         return {
             "step": st.step,
             "wall_time_s": st.wall_time_s,
             "real_executions": st.real_executions,
-            **evaluation.heldout_summary(tasks, k, merged["status"], merged["reward"]),
+            **evaluation.heldout_summary(tasks, k, out["status"], out["reward"]),
             "eval_s": time.monotonic() - t0,
             "mean_script_tokens": float(rows["loss_mask"].sum() / len(scripts)),
         }
