@@ -9,7 +9,7 @@ trajectory reward is the best turn's ladder reward on the hidden test labels; in
 episodes the world model writes every observation. Everything else is the tiny config's
 (configs/autoresearch_tiny.py, the schema), with a prompt budget that holds the history
 (the card, the last script and its observation, the older turns' observations) and a run
-sized for a 2-core CPU (docs/results.md has the measured wall-clock).
+sized for a 2-core CPU (docs/results.md: the cost of each stage).
 
 Modes as in the tiny config: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl`.
 Anchors are synchronous for K > 1 (an anchor episode's next turn needs its real observation),
