@@ -142,6 +142,55 @@ def sft_rows(config, prepared: rldata.Prepared) -> dict:
     return {k: v[keep] for k, v in rows.items() if k != "fits"}
 
 
+def prompt_buckets(rows: dict, width: int, multiple: int = 32) -> list[tuple[int, np.ndarray]]:
+    """Multi-turn rows by the prompt width they need: `[(narrow width, their indices), (width,
+    the rest)]`, or one bucket of every row when no row (or every row) is short.
+
+    A multi-turn prompt budget (`data.max_prompt_len`) is sized for a history, but most
+    warm-start and WM-pretraining rows are turn-1 rows (the card alone, a few dozen tokens):
+    padded to the full width they cost several times their own compute. Rows whose prompt
+    fits half the width go to the narrow bucket, whose width is their longest prompt rounded
+    up to `multiple` (every row, if all of them fit it). A row trimmed to its bucket
+    (`trim_prompts`) gives the same loss and WM outputs as at full width: positions come from
+    the padding mask and padding is masked out of attention and of the WM's pooling (up to
+    float rounding)."""
+    need = rows["input_mask"][:, :width].sum(axis=1)
+    short = need <= width // 2
+    if not short.any():
+        return [(width, np.arange(len(need)))]
+    narrow = min(width, -(-int(need[short].max()) // multiple) * multiple)
+    short = need <= narrow
+    if short.all():
+        return [(narrow, np.arange(len(need)))]
+    return [(narrow, np.nonzero(short)[0]), (width, np.nonzero(~short)[0])]
+
+
+def trim_prompts(rows: dict, width: int, keep: int) -> dict:
+    """Rows in the shared layout with their left-padded prompt cut to its last `keep` of
+    `width` columns (every `[n, width + new]` array; the others unchanged)."""
+    if keep == width:
+        return rows
+    total = next(v.shape[1] for k, v in rows.items() if k == "tokens")
+    cut = width - keep
+    return {k: v[:, cut:] if v.ndim == 2 and v.shape[1] == total else v for k, v in rows.items()}
+
+
+def bucket_batches(rng: np.random.Generator, buckets: list[tuple[int, np.ndarray]], bs: int):
+    """Endless `(width, row indices [bs])` SFT batches: epochs of reshuffled rows of each
+    bucket, a batch's bucket drawn with probability proportional to the bucket's size. With
+    one bucket, exactly the single-turn order (epochs of `rng.permutation(n)`)."""
+    share = np.array([len(idx) for _, idx in buckets], np.float64)
+    share /= share.sum()
+    orders = [np.zeros(0, np.int64) for _ in buckets]
+    while True:
+        j = rng.choice(len(buckets), p=share) if len(buckets) > 1 else 0
+        width, idx = buckets[j]
+        while len(orders[j]) < bs:
+            orders[j] = np.concatenate([orders[j], idx[rng.permutation(len(idx))]])
+        batch, orders[j] = orders[j][:bs], orders[j][bs:]
+        yield width, batch
+
+
 def warm_start(config, prepared, policy: models.Model, stage_dir: epath.Path, progress=True):
     """SFT the policy on the corpus; returns (policy params, report)."""
     report = _done(stage_dir, config)
@@ -155,17 +204,24 @@ def warm_start(config, prepared, policy: models.Model, stage_dir: epath.Path, pr
     tx = models.adam(config.policy.sft_learning_rate, steps, warmup=max(steps // 20, 1))
     m = policy.with_optimizer(tx)
     rng = np.random.default_rng(config.seed)
-    example = {k: v[:bs] for k, v in rows.items()}
-    step = models.sft_step(m, example, prompt_width=config.data.max_prompt_len)
+    P = config.data.max_prompt_len
+    # Multi-turn: batches of one prompt-width bucket (`prompt_buckets`), each row trimmed to
+    # its bucket's width; single-turn: one bucket of every row, at full width, as before.
+    buckets = prompt_buckets(rows, P) if config.env.turns > 1 else [(P, np.arange(n))]
+    steps_by_width = {
+        w: models.sft_step(
+            m, trim_prompts({k: v[idx[np.arange(bs) % len(idx)]] for k, v in rows.items()}, P, w),
+            prompt_width=w,
+        )
+        for w, idx in buckets
+    }  # fmt: skip
     state, t0, nll = m.state, time.monotonic(), float("nan")
-    order = np.zeros(0, np.int64)
+    batches = bucket_batches(rng, buckets, bs)
     bar = tqdm(range(steps), desc="warm start (SFT)", disable=not progress)
     for i in bar:
-        while len(order) < bs:  # epochs of reshuffled examples
-            order = np.concatenate([order, rng.permutation(n)])
-        b = {k: v[order[:bs]] for k, v in rows.items()}
-        order = order[bs:]
-        state, metrics = step(state, b)
+        width, idx = next(batches)
+        b = trim_prompts({k: v[idx] for k, v in rows.items()}, P, width)
+        state, metrics = steps_by_width[width](state, b)
         if i % 10 == 0 or i == steps - 1:
             s, c = metrics["nll"]
             nll = float(s) / max(float(c), 1.0)
@@ -495,18 +551,30 @@ def pretrain_wm(
     rng = np.random.default_rng(config.seed + 1)
     coefs = models.head_coefs(config)
     flags = models.head_batch_flags(coefs)
-    batch = lambda idx: models.wm_batch(train, idx, rng, config.wm.num_members, **flags)
-    example = batch(np.arange(bs) % n)
-    step = models.wm_step(m, example, config.wm.rank_coef, **coefs)
+    P = config.data.max_prompt_len
+    batch = lambda idx, w=P: trim_prompts(
+        models.wm_batch(train, idx, rng, config.wm.num_members, **flags), P, w
+    )
+    # Multi-turn: batches of one prompt-width bucket (as the warm start's); single-turn: one
+    # bucket of every row at full width, as before.
+    buckets = prompt_buckets(train, P) if config.env.turns > 1 else [(P, np.arange(n))]
+    steps_by_width = {
+        w: models.wm_step(m, batch(idx[np.arange(bs) % len(idx)], w), config.wm.rank_coef,
+                          **coefs)
+        for w, idx in buckets
+    }  # fmt: skip
+    share = np.array([len(idx) for _, idx in buckets], np.float64) / n
     state, t0, mse = m.state, time.monotonic(), float("nan")
     bar = tqdm(range(steps), desc="world model pretraining", disable=not progress)
     per_group = config.wm.group_rows
     for i in bar:
+        j = rng.choice(len(buckets), p=share) if len(buckets) > 1 else 0
+        width, rows_j = buckets[j]
         if per_group > 1:
-            idx = grouped_rows(rng, train["group"], bs, per_group)
+            idx = rows_j[grouped_rows(rng, train["group"][rows_j], bs, per_group)]
         else:
-            idx = rng.integers(0, n, bs)
-        state, metrics = step(state, batch(idx))
+            idx = rows_j[rng.integers(0, len(rows_j), bs)]
+        state, metrics = steps_by_width[width](state, batch(idx, width))
         if i % 10 == 0 or i == steps - 1:
             mse = float(metrics["mse"][0]) / max(float(metrics["mse"][1]), 1.0)
             bar.set_postfix(mse=f"{mse:.4f}")
