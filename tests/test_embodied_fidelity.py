@@ -1,4 +1,7 @@
-"""The imagination-vs-simulator measurement (`wmrl.embodied.fidelity`), fast."""
+"""The imagination-vs-simulator measurement (`wmrl.embodied.fidelity`) and the WM's contact
+gate, fast."""
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -6,6 +9,7 @@ import numpy as np
 import pytest
 
 from configs import embodied_push
+from wmrl.config_errors import ConfigError
 from wmrl.embodied import env as scene
 from wmrl.embodied import fidelity, rollout, stages
 from wmrl.embodied import policy as pol
@@ -70,3 +74,56 @@ def test_a_still_world_model_has_the_no_move_errors():
     assert im["token_logp_on_imagined"][0] == pytest.approx(im["token_logp_on_real"][0])
     # the pusher moved in reality (random policy) but not in imagination
     assert im["pusher_cm"][1] > 0.5
+
+
+def test_contact_gate_moves_only_touched_blocks():
+    """`wm.contact_gate`: a block more than the gate's distance from the pusher and from the
+    other blocks keeps its imagined position exactly; a touched one may move."""
+    obs = np.zeros((1, 14), np.float32)
+    obs[0, 0:2] = (0.0, 0.0)  # pusher
+    obs[0, 2:8] = (0.05, 0.0, 0.2, 0.0, 0.2, 0.065)  # red 5 cm away; green, blue 6.5 cm apart
+    obs[0, 8:14] = obs[0, 2:8]
+    mask = np.asarray(wmodel.contact_mask(jnp.asarray(obs), 0.07))
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(
+        np.asarray(wmodel.contact_mask(jnp.asarray(obs), 0.06)), [[1, 1, 0, 0, 0, 0]]
+    )
+    member = jax.tree.map(lambda x: x[0], wmodel.init_wm(wmodel.WMSpec(num_members=1), 0))
+    vel = jnp.asarray(scene.EnvSpec().velocities())
+    a = jnp.asarray([3])
+    free = np.asarray(wmodel.dyn_step(member, jnp.asarray(obs), a, vel))
+    gated = np.asarray(wmodel.dyn_step(member, jnp.asarray(obs), a, vel, 0.06))
+    assert np.abs(free[0, 4:8] - obs[0, 4:8]).min() > 0  # the ungated MLP moves every block
+    np.testing.assert_array_equal(gated[0, 4:8], obs[0, 4:8])
+    np.testing.assert_array_equal(gated[0, :4], free[0, :4])  # pusher and red as before
+
+
+def test_a_stage_saved_before_the_contact_gate_loads_with_the_gate_off(tmp_path):
+    c = embodied_push.get_config("tiny")
+    stage = tmp_path / "wm"
+    stage.mkdir()
+    stages.finish_stage(stage, c, {"x": 1})
+    saved = json.loads((stage / "done.json").read_text())
+    del saved["config"]["wm.contact_gate"]
+    (stage / "done.json").write_text(json.dumps(saved))
+    assert stages.stage_done(stage, c)["x"] == 1
+    c.wm.contact_gate = 0.07
+    with pytest.raises(ConfigError, match=r"wm\.contact_gate"):
+        stages.stage_done(stage, c)
+    with pytest.raises(ConfigError, match=r"config\.wm\.contact_gate"):
+        c.wm.contact_gate = -0.1
+        stages.validate_embodied_config(c)
+
+
+def test_trusted_tokens_stop_at_the_first_disagreement():
+    from wmrl.embodied import rl
+
+    c = embodied_push.get_config("tiny")
+    c.rl.wm_trust_spread = 0.01
+    st = rl.statics_from_config(c)  # chunk 4
+    spread = np.asarray([[0.0, 0.004, 0.02, 0.001], [0.0, 0.0, 0.0, 0.0099], [0.0, 0.01, 0, 0]])
+    want = np.asarray([[1] * 8 + [0] * 8, [1] * 16, [1] * 4 + [0] * 12], np.float32)
+    np.testing.assert_array_equal(rl.trusted_tokens(spread, st), want)
+    c.rl.wm_trust_spread = 0.0
+    off = rl.trusted_tokens(spread, rl.statics_from_config(c))
+    np.testing.assert_array_equal(off, np.ones((3, 16), np.float32))

@@ -72,12 +72,12 @@ def success_rule(obs0: np.ndarray, final: np.ndarray, task: np.ndarray, spec) ->
     return at_goal & (moved < spec.success_radius).all(-1)
 
 
-def replay_states(wm, obs0, actions, velocities) -> np.ndarray:
+def replay_states(wm, obs0, actions, velocities, gate: float = 0.0) -> np.ndarray:
     """Every member's open-loop states [M, N, T + 1, 14] for actions [N, T] from obs0."""
 
     def member(m):
         def body(o, a):
-            o2 = wmodel.dyn_step(m, o, a, velocities)
+            o2 = wmodel.dyn_step(m, o, a, velocities, gate)
             return o2, o2
 
         _, traj = jax.lax.scan(body, obs0, actions.T)
@@ -127,6 +127,7 @@ def fidelity(config, wm, graphdef, params, starts, key, group_size: int) -> dict
     words = np.stack([scene.encode_instruction(s.task) for s in starts])
     task = np.asarray([rollout.task_index(s.task) for s in starts], np.int32)
     obs0 = np.stack([scene.make_obs(s) for s in starts])
+    gate = config.wm.contact_gate
     sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
 
     def act(w, o, c):
@@ -134,7 +135,7 @@ def fidelity(config, wm, graphdef, params, starts, key, group_size: int) -> dict
         return np.asarray(a), np.asarray(lp)
 
     def score_fn(o0, a, t):
-        finals, paths = wmodel.replay(wm, o0, a, vel)
+        finals, paths = wmodel.replay(wm, o0, a, vel, gate)
         return wmodel.score_finals(wm, o0, finals, t, config.env.push_distance, paths)
 
     score = jax.jit(score_fn)
@@ -142,7 +143,7 @@ def fidelity(config, wm, graphdef, params, starts, key, group_size: int) -> dict
 
     # ---- replay: real episodes, their actions open-loop through the WM
     real = rollout.policy_rollouts(pool, starts, act, H)
-    states = replay_states(wm, jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), vel)
+    states = replay_states(wm, jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), vel, gate)
     mean = states.mean(0)
     b = np.arange(H, T + 1, H)  # chunk boundaries (after each chunk)
     mu, _ = score(jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), jnp.asarray(task))
@@ -175,6 +176,7 @@ def fidelity(config, wm, graphdef, params, starts, key, group_size: int) -> dict
             episode_len=T,
             velocities=vel,
             push_distance=config.env.push_distance,
+            gate=gate,
         )
     )(jax.random.fold_in(key, 10_000))
     acts = np.asarray(im["actions"])
@@ -193,13 +195,16 @@ def fidelity(config, wm, graphdef, params, starts, key, group_size: int) -> dict
     tok_re = np.take_along_axis(lp_re, a4, -1)[..., 0]
     kl = (np.exp(lp_re) * (lp_re - lp_im)).sum(-1)  # [n, C, H]
     agree = lp_im.argmax(-1) == lp_re.argmax(-1)
-    im_rule = success_rule(obs0, replay_states(wm, obs0, acts, vel).mean(0)[:, -1], task, spec)
+    im_rule = success_rule(
+        obs0, replay_states(wm, obs0, acts, vel, gate).mean(0)[:, -1], task, spec
+    )
     out["imagined"] = {
         **object_errors(im_obs, real_at, task),
         "token_logp_on_imagined": np.round(tok_im.mean((0, 2)), 3).tolist(),
         "token_logp_on_real": np.round(tok_re.mean((0, 2)), 3).tolist(),
         "kl_real_vs_imagined": np.round(kl.mean((0, 2)), 3).tolist(),
         "argmax_agreement": np.round(agree.mean((0, 2)), 3).tolist(),
+        "member_spread_max_cm": np.round(100 * np.asarray(im["spread"]).mean(0), 2).tolist(),
         "real_success_of_imagined_actions": float(y_im.mean()),
         "wm_score_mean": float(im_score.mean()),
         "head_disagreement": float(((im_score > 0.5) != y_im).mean()),
