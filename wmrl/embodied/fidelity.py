@@ -150,7 +150,8 @@ def fidelity(config, wm, graphdef, params, starts, key, group_size: int) -> dict
     wm_score = np.asarray(mu).mean(0)
     y = real.success > 0.5
     rule = success_rule(real.obs[:, 0], mean[:, -1], task, spec)
-    spread = np.linalg.norm(states[..., 2:8].std(0).reshape(len(task), T + 1, 3, 2), axis=-1)
+    sd = np.sqrt(states[..., 2:8].var(0))  # members' std [N, T + 1, 6]
+    spread = np.linalg.norm(sd.reshape(len(task), T + 1, 3, 2), axis=-1)
     out["replay"] = {
         **object_errors(mean[:, b], real.obs[:, b], task),
         "member_spread_blocks_cm": (100 * spread[:, b].mean((0, 2))).round(2).tolist(),

@@ -249,7 +249,8 @@ def imagine(
 
     def chunk_body(states, k):
         mean_obs = states.mean(0)
-        spread = jnp.linalg.norm(states[..., 2:8].std(0).reshape(-1, 3, 2), axis=-1).max(-1)
+        sd = jnp.sqrt(jnp.var(states[..., 2:8], axis=0))  # members' std [N, 6]
+        spread = jnp.linalg.norm(sd.reshape(-1, 3, 2), axis=-1).max(-1)
         acts, logp = pol.sample_chunk(
             policy_graphdef, policy_params, words, mean_obs, k, temperature
         )
