@@ -127,3 +127,14 @@ def test_trusted_tokens_stop_at_the_first_disagreement():
     c.rl.wm_trust_spread = 0.0
     off = rl.trusted_tokens(spread, rl.statics_from_config(c))
     np.testing.assert_array_equal(off, np.ones((3, 16), np.float32))
+
+
+def test_a_run_saved_before_the_new_fields_resumes_with_them_off():
+    from wmrl.embodied import experiment
+
+    c = embodied_push.get_config("tiny")
+    saved = json.loads(c.to_json_best_effort())
+    del saved["wm"]["contact_gate"], saved["rl"]["wm_trust_spread"]
+    assert experiment.config_differences(saved, c) == []
+    c.rl.wm_trust_spread = 0.01
+    assert experiment.config_differences(saved, c) == ["rl.wm_trust_spread"]
