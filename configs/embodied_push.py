@@ -81,6 +81,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # What the success head reads: the imagined final state (final), + the imagined pusher
     # path (final+path), or the instruction and the path only (path); docs/embodied.md.
     c.wm.head_inputs = "path"
+    # Contact gate (m, 0 = off): an imagined block moves only while the pusher or another block
+    # is this close (docs/embodied.md, docs/results.md 2026-12-01 imagination vs simulator).
+    c.wm.contact_gate = 0.0
     c.wm.policy_rollouts = 192  # real BC-policy episodes for WM pretraining (counted)
     c.wm.pretrain_steps = 800
     c.wm.batch_transitions = 256  # training windows per member and step
@@ -103,6 +106,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.clip_eps = 0.2
     c.rl.kl_coef = 0.02
     c.rl.temperature = 1.0
+    # Imagined episodes: train only the tokens emitted before the WM members first disagree by
+    # this much (m, largest block std across members) on the state the policy read; 0 = all.
+    c.rl.wm_trust_spread = 0.0
     c.rl.normalize_std = True
     c.rl.eval_every = 5
     c.rl.eval_episodes = 300  # held-out real episodes per evaluation (SE <= 0.03)

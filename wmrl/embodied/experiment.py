@@ -46,8 +46,12 @@ def _flat(d, prefix=""):
     return out
 
 
+# Config fields added after runs were saved: a run without one was made with this value.
+LEGACY_DEFAULTS = {"wm.contact_gate": 0.0, "rl.wm_trust_spread": 0.0}
+
+
 def config_differences(saved: dict, config) -> list[str]:
-    a = _flat(saved)
+    a = {**LEGACY_DEFAULTS, **_flat(saved)}
     b = _flat(json.loads(config.to_json_best_effort()))
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 

@@ -64,6 +64,8 @@ class RLStatics:
     normalize_std: bool
     ppo_epochs: int
     push_distance: float
+    contact_gate: float
+    wm_trust_spread: float
     routing: routing.RoutingConfig
     debias: debias.DebiasConfig
     denoise: denoise.DenoiseConfig
@@ -101,6 +103,8 @@ def statics_from_config(config) -> RLStatics:
         normalize_std=config.rl.normalize_std,
         ppo_epochs=config.rl.ppo_epochs,
         push_distance=config.env.push_distance,
+        contact_gate=config.wm.contact_gate,
+        wm_trust_spread=config.rl.wm_trust_spread,
         routing=routing.RoutingConfig(rho=cc.rho, min_groups=cc.min_groups),
         debias=debias.DebiasConfig(
             mode=cc.debias if MODE_SPECS[config.mode].debias else "none",
@@ -170,7 +174,7 @@ def make_policy_update(graphdef, tx, st: RLStatics):
             batch["logp"],
             ref,
             batch["adv"],
-            jnp.ones_like(logp),
+            batch["mask"],
             clip_eps=st.clip_eps,
             kl_coef=st.kl_coef,
         )
@@ -223,16 +227,19 @@ class Trainer:
                 velocities=self.velocities,
                 push_distance=st.push_distance,
                 temperature=st.temperature,
+                gate=st.contact_gate,
             )
         )
 
         def replay_score(wm, obs0, actions, task):
-            finals, paths = wmodel.replay(wm, obs0, actions, self.velocities)
+            finals, paths = wmodel.replay(wm, obs0, actions, self.velocities, st.contact_gate)
             return wmodel.score_finals(wm, obs0, finals, task, st.push_distance, paths)
 
         self.replay_score = jax.jit(replay_score)
         self.sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
-        self.wm_step = wmodel.make_train_step(self.wm_tx, self.velocities, st.push_distance)
+        self.wm_step = wmodel.make_train_step(
+            self.wm_tx, self.velocities, st.push_distance, st.contact_gate
+        )
         # The shared correction, jitted once per run (as the AutoResearch trainer does).
         self.correct = jax.jit(
             functools.partial(
@@ -286,6 +293,7 @@ class Trainer:
         parts_obs = [real.obs[:, : st.episode_len : st.chunk]]
         parts_act, parts_logp = [real.actions], [real.logp]
         parts_words = [real.words]
+        parts_mask = [np.ones(real.actions.shape, np.float32)]
         r_wm = [np.zeros(A * G, np.float32)]  # the anchors' own WM scores (below)
         metrics = {"step": t + 1, "real_success": float(real.success.mean())}
         t1 = time.monotonic()
@@ -310,6 +318,8 @@ class Trainer:
                 parts_act.append(np.asarray(im["actions"]))
                 parts_logp.append(np.asarray(im["logp"]))
                 parts_words.append(words)
+                parts_mask.append(trusted_tokens(np.asarray(im["spread"]), st))
+                metrics["wm_trusted_tokens"] = float(parts_mask[-1].mean())
                 r_wm.append(np.asarray(raw, np.float32))
                 metrics["imagined_success"] = float(np.mean(raw))
                 metrics["wm_variance"] = float(np.mean(var))
@@ -350,6 +360,7 @@ class Trainer:
             "actions": jnp.asarray(np.concatenate(parts_act)),
             "logp": jnp.asarray(np.concatenate(parts_logp)),
             "adv": out["advantages"],
+            "mask": jnp.asarray(np.concatenate(parts_mask)),
         }
         new_params, opt, pm = self.policy_update(
             params, state["policy_opt"], self.ref_params, batch
@@ -392,6 +403,17 @@ class Trainer:
             b = wmodel.make_batch(rng, replay, m, *self.wm_batch)
             wm, opt, out = self.wm_step(wm, opt, b)
         return wm, opt, {f"wm_{k}": float(v) for k, v in out.items()}
+
+
+def trusted_tokens(spread: np.ndarray, st: RLStatics) -> np.ndarray:
+    """[N, C] members' spread on the imagined states the policy read -> [N, T] token mask of
+    an imagined episode: 1 up to the first chunk whose state the members disagree on by
+    `rl.wm_trust_spread` (m) or more, 0 from there on (the tokens the policy emitted on states
+    the WM cannot vouch for carry no loss); all 1 when `wm_trust_spread` is 0 (off)."""
+    if st.wm_trust_spread <= 0:
+        return np.ones((spread.shape[0], spread.shape[1] * st.chunk), np.float32)
+    ok = np.cumprod(spread < st.wm_trust_spread, axis=1).astype(np.float32)
+    return np.repeat(ok, st.chunk, axis=1)
 
 
 def add_to_replay(replay: dict, eps: rollout.Episodes, size: int, push_distance: float) -> dict:

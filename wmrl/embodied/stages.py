@@ -42,6 +42,7 @@ STAGE_FIELDS = {
         "wm.hidden",
         "wm.head_hidden",
         "wm.head_inputs",
+        "wm.contact_gate",
         "wm.policy_rollouts",
         "wm.pretrain_steps",
         "wm.batch_transitions",
@@ -50,6 +51,10 @@ STAGE_FIELDS = {
         "wm.learning_rate",
     ),
 }
+
+
+# Fields added after stages were saved: a stage without one was made with this value.
+STAGE_FIELD_DEFAULTS = {"wm.contact_gate": 0.0}
 
 
 def validate_embodied_config(config) -> None:
@@ -105,6 +110,16 @@ def validate_embodied_config(config) -> None:
             "config.wm.head_inputs",
             f"must be one of {list(wmodel.HEAD_WIDTHS)}, got {config.wm.head_inputs!r}",
         )
+    if not 0.0 <= config.wm.contact_gate < 1.0:
+        raise ConfigError(
+            "config.wm.contact_gate",
+            f"a distance in m in [0, 1) (0 = off), got {config.wm.contact_gate}",
+        )
+    if config.rl.wm_trust_spread < 0:
+        raise ConfigError(
+            "config.rl.wm_trust_spread",
+            f"a distance in m >= 0 (0 = off), got {config.rl.wm_trust_spread}",
+        )
     if config.env.real_episode_cost_s < 0:
         raise ConfigError("config.env.real_episode_cost_s", "must be >= 0")
 
@@ -157,6 +172,7 @@ def wm_spec(config) -> wmodel.WMSpec:
         num_actions=config.env.action_bins**2,
         push_distance=config.env.push_distance,
         head_inputs=w.head_inputs,
+        contact_gate=w.contact_gate,
     )
 
 
@@ -177,7 +193,8 @@ def stage_done(stage_dir: Path, config) -> dict | None:
         return None
     report = json.loads(path.read_text())
     want = fingerprint(config, Path(stage_dir).name)
-    diff = sorted(k for k in want if report.get("config", {}).get(k) != want[k])
+    saved = {**STAGE_FIELD_DEFAULTS, **report.get("config", {})}
+    diff = sorted(k for k in want if saved.get(k) != want[k])
     if diff:
         raise ConfigError(
             "config.init_dir",
@@ -336,7 +353,7 @@ def wm_stage(
         )
     )
     opt = tx.init(params)
-    step = wmodel.make_train_step(tx, velocities, config.env.push_distance)
+    step = wmodel.make_train_step(tx, velocities, config.env.push_distance, config.wm.contact_gate)
     brng = np.random.default_rng([config.seed, 4])
     metrics = {}
     for _ in range(steps):

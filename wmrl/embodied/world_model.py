@@ -46,6 +46,11 @@ class WMSpec:
     # how close it came to the other blocks. The pusher's path is what the dynamics imagines
     # well (~6 mm error over an episode), the blocks' final positions are not (~4 cm).
     head_inputs: str = "path"  # final | final+path | path (see HEAD_WIDTHS)
+    # Contact gate (m; 0 = off): a block's imagined move is zeroed unless the pusher or another
+    # block is within this distance of it (a block only moves when touched; 7 cm covers every
+    # real move, docs/results.md). Without it the one-step-trained dynamics let every block
+    # drift ~0.5 cm per chunk, worse than predicting that no block moves.
+    contact_gate: float = 0.0
 
 
 def _dense(key, n_in, n_out):
@@ -90,14 +95,27 @@ def init_wm(spec: WMSpec, seed: int):
     return jax.vmap(lambda k: init_member(k, spec))(keys)
 
 
-def dyn_step(member, obs, action, velocities):
-    """One member, obs [N, 14], action [N] -> next obs [N, 14] (residual on the moving part)."""
+def contact_mask(obs, radius: float):
+    """obs [N, 14] -> [N, 6] 1 for the coordinates of each block that the pusher or another
+    block is within `radius` of (centre to centre), else 0."""
+    blocks = obs[:, 2:8].reshape(-1, 3, 2)
+    near = jnp.linalg.norm(blocks - obs[:, None, 0:2], axis=-1)  # [N, 3]
+    pair = jnp.linalg.norm(blocks[:, :, None] - blocks[:, None], axis=-1) + 1e3 * jnp.eye(3)
+    touched = jnp.minimum(near, pair.min(-1)) < radius
+    return jnp.repeat(touched.astype(obs.dtype), 2, axis=-1)
+
+
+def dyn_step(member, obs, action, velocities, gate: float = 0.0):
+    """One member, obs [N, 14], action [N] -> next obs [N, 14] (residual on the moving part;
+    `gate` > 0: the contact gate of `WMSpec.contact_gate`)."""
     feats = pol.object_features(obs).reshape(obs.shape[0], -1)
     onehot = jax.nn.one_hot(action, velocities.shape[0])
     x = jnp.concatenate([feats, onehot, velocities[action] * 5.0], -1)
     # Bounded moves (at most MAX_MOVE per action) and a bounded table keep a long open-loop
     # imagination from drifting to states the head has never seen.
     delta = MAX_MOVE * jnp.tanh(_mlp(member["dyn"], x) / 3.0)
+    if gate > 0:
+        delta = delta.at[:, 2:8].multiply(contact_mask(obs, gate))
     return obs.at[:, :8].set(jnp.clip(obs[:, :8] + delta, -TABLE, TABLE))
 
 
@@ -173,13 +191,13 @@ def head(member, feats):
     return jax.nn.sigmoid(out[:, 0]), jnp.clip(out[:, 1], *LOGVAR_RANGE), out[:, 2], out[:, 0]
 
 
-def replay(params, obs0, actions, velocities):
+def replay(params, obs0, actions, velocities, gate: float = 0.0):
     """Every member's open-loop replay of actions [N, T] from obs0 [N, 14] -> (finals
     [M, N, 14], pusher paths [M, N, T, 2])."""
 
     def member_final(member):
         def body(obs, a):
-            nxt = dyn_step(member, obs, a, velocities)
+            nxt = dyn_step(member, obs, a, velocities, gate)
             return nxt, nxt[:, 0:2]
 
         final, path = jax.lax.scan(body, obs0, actions.T)
@@ -216,11 +234,14 @@ def imagine(
     velocities,
     push_distance: float,
     temperature: float = 1.0,
+    gate: float = 0.0,
 ):
     """Imagined episodes with the policy in the loop (no simulator).
 
     Returns dict: obs [N, C, 14] (the imagined states the policy acted on, members' mean),
-    actions [N, T], logp [N, T], member means / log-variances [M, N] of success.
+    spread [N, C] (the members' disagreement on those states: the largest over the blocks of
+    the Euclidean std of a block's position across members, m), actions [N, T], logp [N, T],
+    member means / log-variances [M, N] of success.
     """
     num_chunks = episode_len // chunk
     m = jax.tree.leaves(wm_params)[0].shape[0]
@@ -228,27 +249,30 @@ def imagine(
 
     def chunk_body(states, k):
         mean_obs = states.mean(0)
+        sd = jnp.sqrt(jnp.var(states[..., 2:8], axis=0))  # members' std [N, 6]
+        spread = jnp.linalg.norm(sd.reshape(-1, 3, 2), axis=-1).max(-1)
         acts, logp = pol.sample_chunk(
             policy_graphdef, policy_params, words, mean_obs, k, temperature
         )
 
         def member_roll(member, s):
             def body(o, a):
-                nxt = dyn_step(member, o, a, velocities)
+                nxt = dyn_step(member, o, a, velocities, gate)
                 return nxt, nxt[:, 0:2]
 
             return jax.lax.scan(body, s, acts.T)
 
         states, pusher = jax.vmap(member_roll)(wm_params, states)  # pusher [M, H, N, 2]
-        return states, (mean_obs, acts, logp, pusher)
+        return states, (mean_obs, spread, acts, logp, pusher)
 
     keys = jax.random.split(key, num_chunks)
-    finals, (obs, acts, logp, pusher) = jax.lax.scan(chunk_body, states0, keys)
+    finals, (obs, spread, acts, logp, pusher) = jax.lax.scan(chunk_body, states0, keys)
     n = obs0.shape[0]
     paths = pusher.transpose(1, 3, 0, 2, 4).reshape(m, n, episode_len, 2)  # [M, N, T, 2]
     mu, logvar = score_finals(wm_params, obs0, finals, task_idx, push_distance, paths)
     return {
         "obs": obs.transpose(1, 0, 2),
+        "spread": spread.T,
         "actions": acts.transpose(1, 0, 2).reshape(n, -1),
         "logp": logp.transpose(1, 0, 2).reshape(n, -1),
         "means": mu,
@@ -256,7 +280,7 @@ def imagine(
     }
 
 
-def wm_loss(params, batch, velocities, push_distance):
+def wm_loss(params, batch, velocities, push_distance, gate: float = 0.0):
     """Per-member losses; batch arrays carry a leading member axis (bootstrap draws).
 
     dynamics: MSE of the scaled one-step delta; head: BCE on success, Gaussian NLL of the
@@ -268,14 +292,14 @@ def wm_loss(params, batch, velocities, push_distance):
         # compounding error that open-loop imagination of a whole episode suffers.
         def unroll(o, xs):
             a, target = xs
-            o = dyn_step(member, o, a, velocities)
+            o = dyn_step(member, o, a, velocities, gate)
             return o, jnp.mean(jnp.square((o - target)[:, :8] * pol.OBS_SCALE))
 
         _, errs = jax.lax.scan(unroll, b["obs"], (b["action"].T, b["next_obs"].transpose(1, 0, 2)))
         dyn = errs.mean()
 
         def body(o, a):
-            nxt = dyn_step(jax.lax.stop_gradient(member), o, a, velocities)
+            nxt = dyn_step(jax.lax.stop_gradient(member), o, a, velocities, gate)
             return nxt, nxt[:, 0:2]
 
         final, path = jax.lax.scan(body, b["ep_obs0"], b["ep_actions"].T)
@@ -346,11 +370,11 @@ def episode_data(obs, actions, task, success, push_distance) -> dict:
     }
 
 
-def make_train_step(tx, velocities, push_distance):
+def make_train_step(tx, velocities, push_distance, gate: float = 0.0):
     @jax.jit
     def step(params, opt_state, batch):
         (loss, metrics), grads = jax.value_and_grad(wm_loss, has_aux=True)(
-            params, batch, velocities, push_distance
+            params, batch, velocities, push_distance, gate
         )
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
