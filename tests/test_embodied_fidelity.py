@@ -48,6 +48,9 @@ def test_execute_actions_reproduces_the_simulator():
         np.testing.assert_allclose(got[i], np.stack(want))
 
 
+# Slow (~12 s of CPU: it builds tiny stages): the fast suite keeps the success rule, the
+# simulator replay and the gate by hand.
+@pytest.mark.slow
 def test_a_still_world_model_has_the_no_move_errors():
     """A WM whose dynamics predict no motion imagines the start state throughout: its block
     errors equal the real blocks' displacement (the no-move baseline), its pusher error the
