@@ -180,6 +180,18 @@ def test_within_group_correlation_hand_numbers():
     assert speedup_figures.within_group_correlation(pairs[4:])["stream"] is None
 
 
+def test_eval_se_stats_over_the_graded_evaluations():
+    curve = [
+        {"wall_time_s": 0.0, "heldout_reward": 0.5, "heldout_reward_se": 0.04},
+        {"wall_time_s": 10.0, "heldout_reward": None, "heldout_reward_se": 0.9},  # ungraded
+        {"wall_time_s": 20.0, "heldout_reward": 0.6, "heldout_reward_se": 0.02},
+        {"wall_time_s": 30.0, "heldout_reward": 0.7},  # a run from before the field
+    ]
+    st = speedup_figures.eval_se_stats(curve)
+    assert st["mean"] == pytest.approx(0.03) and st["max"] == 0.04 and st["n"] == 2
+    assert speedup_figures.eval_se_stats(curve[3:]) == {"mean": None, "max": None, "n": 0}
+
+
 def test_shared_config_budget_and_steps(tmp_path):
 
     base = load_config()
@@ -207,7 +219,8 @@ def test_shared_config_budget_and_steps(tmp_path):
     )
     base.rl.eval_at_s = ()
     c = speedup_runner.shared_config(base, tmp_path, budget_s=300.0, steps=7)
-    assert c.rl.steps == 7
+    assert c.rl.steps == 7 and c.rl.eval_samples == base.rl.eval_samples
+    assert speedup_runner.shared_config(base, tmp_path, eval_samples=5).rl.eval_samples == 5
     assert base.data_dir == "" and base.rl.max_wall_time_s == 0.0  # the input is not changed
     assert speedup_runner.mode_config(c, "real").mode == "real" and c.mode == "wmrl"
 

@@ -63,6 +63,17 @@ def se_at_wall_clock(curve: list[dict], t: float) -> float | None:
     return e.get("heldout_reward_se") if e else None
 
 
+def eval_se_stats(curve: list[dict]) -> dict:
+    """The precision of a run's evaluations: `{"mean", "max"}` of `heldout_reward_se` over its
+    graded evaluations that have one (None, None if none has), and `n`, how many."""
+    se = [e["heldout_reward_se"] for e in _graded(curve) if e.get("heldout_reward_se") is not None]
+    return {
+        "mean": sum(se) / len(se) if se else None,
+        "max": max(se) if se else None,
+        "n": len(se),
+    }
+
+
 def reward_at_equal_wall_clock(curves: dict[str, list[dict]]) -> tuple[float, dict]:
     """`(t, {mode: reward})`: t is the largest wall-clock every mode reached (the smallest of
     the modes' last evaluation times) and each reward is `reward_at_wall_clock(curve, t)`."""

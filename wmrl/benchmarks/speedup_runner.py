@@ -44,9 +44,10 @@ def modes_for(ablations: bool) -> tuple[str, ...]:
 
 
 def shared_config(config, workdir: str | os.PathLike, budget_s: float | None = None,
-                  steps: int | None = None):  # fmt: skip
+                  steps: int | None = None, eval_samples: int | None = None):  # fmt: skip
     """A copy of `config` with the shared data/init dirs under `workdir`/shared (unless the
-    config names its own), the wall-clock budget and the step limit (see the module doc)."""
+    config names its own), the wall-clock budget, the step limit (see the module doc) and the
+    scripts per held-out task in each evaluation (`eval_samples`; None keeps the config's)."""
     c = config.copy_and_resolve_references()
     shared = Path(workdir) / "shared"
     if not c.data_dir:
@@ -63,6 +64,8 @@ def shared_config(config, workdir: str | os.PathLike, budget_s: float | None = N
         c.rl.eval_every = UNLIMITED_STEPS
     if steps:
         c.rl.steps = int(steps)
+    if eval_samples:
+        c.rl.eval_samples = int(eval_samples)
     return c
 
 
