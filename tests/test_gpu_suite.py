@@ -34,6 +34,8 @@ def _dry_run(artefacts, out_dir, parts: list[str]) -> dict:
     return {n: e["result"] for n, e in report["parts"].items()}
 
 
+# Slow (17 s): every part of the suite in one dry run; the parts are tested one by one below.
+@pytest.mark.slow
 def test_dry_run_of_every_part_but_the_rl_steps(tmp_path):
     """Without the RL stages, the artefacts need only the reference logits."""
     (tmp_path / "art").mkdir()

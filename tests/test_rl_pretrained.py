@@ -108,6 +108,9 @@ def _ours_from_hf(weights: dict, name: str, layer: int) -> np.ndarray:
     }[name]()
 
 
+# Slow (35 s): the HF import is checked in the fast suite by tests/test_hf_import.py (parity
+# with transformers) and by the bad-settings tests below; this runs the whole pod pipeline.
+@pytest.mark.slow
 def test_pod_pipeline_from_hf_checkpoint(checkpoint, rl_shared, tmp_path):
     from wmrl.rl.checkpoint import Checkpointer
     from wmrl.rl.experiment import run

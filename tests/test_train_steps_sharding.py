@@ -103,6 +103,9 @@ def test_bad_mesh_and_batch_raise():
         make_policy_train_step(graphdef, tx, shardings, empty, mesh, LOSS, 1)
 
 
+# Slow (16 s): the policy step on every mesh stays in the fast suite
+# (test_same_update_on_every_mesh); this is the WM step on a 3-D mesh.
+@pytest.mark.slow
 def test_wm_step_same_on_single_device_and_3d_mesh():
     from wmrl.models.config import TransformerConfig
     from wmrl.models.train_steps import make_wm_score_fn, make_wm_train_step
