@@ -166,6 +166,7 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
     amd = amdahl(runs["real"]["steps"], runs["wmrl"]["steps"], warmup)
     per_mode = lambda key: {m: r["summary"].get(key) for m, r in runs.items()}
     wm_runs = {m: r for m, r in runs.items() if m != "real"}
+    precision = {m: eval_se_stats(c) for m, c in curves.items()}
     to_target = {
         m: None if target is None else time_to_target(c, target) for m, c in curves.items()
     }
@@ -182,8 +183,8 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         },
         "equal_wall_clock_s": t_equal,
         # The precision of every evaluation of the run (the bar: SE <= 0.03 each).
-        "heldout_reward_se_mean": {m: eval_se_stats(c)["mean"] for m, c in curves.items()},
-        "heldout_reward_se_max": {m: eval_se_stats(c)["max"] for m, c in curves.items()},
+        "heldout_reward_se_mean": {m: p["mean"] for m, p in precision.items()},
+        "heldout_reward_se_max": {m: p["max"] for m, p in precision.items()},
         # Less noisy views of the same comparison (every evaluation up to t_equal counts):
         "heldout_reward_time_average": {
             m: time_average_reward(c, t_equal) for m, c in curves.items()
