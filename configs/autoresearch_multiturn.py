@@ -41,12 +41,18 @@ def get_config():
     # more here: docs/results.md).
     c.policy.sft_steps = 240
     c.rl.steps = 12
+    # The policy step's K x N = 96 rows of 704 tokens in 4 micro-batches of 24 (the same
+    # gradient, accumulated): in one batch its activations take ~9 GB and the step 36 s on the
+    # idle 2-core machine, mostly the kernel's page faults; in 4, 11 s (docs/results.md).
+    c.rl.num_micro_batches = 4
     # Sized for the 25-minute budget of a 2-core CPU (docs/results.md, the stage-by-stage
     # projection): every held-out turn is executed, so one evaluation of the 32 held-out
     # tasks x eval_samples episodes is 32 * eval_samples * K executions. 2 episodes per task,
-    # at steps 0, 6 and 12: 3 x 192 = 576 executions (4 per task at steps 0/4/8/12 were 1536,
-    # about 7 of the 25 minutes); the standard error of one evaluation grows by up to sqrt(2).
-    c.rl.eval_every = 6
+    # at the warm start and the final step: 2 x 192 = 384 executions, ~40 s each evaluation
+    # on the idle machine (4 per task at steps 0/4/8/12 were 1536, about 7 minutes); the
+    # standard error of one evaluation grows by up to sqrt(2). The speedup benchmark sets its
+    # own evaluation times (`rl.eval_at_s`).
+    c.rl.eval_every = 12
     c.rl.checkpoint_every = 6
     c.rl.eval_samples = 2  # episodes per held-out task (each K executions)
     return c
