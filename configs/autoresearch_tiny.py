@@ -67,6 +67,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.scripts_per_task = 12  # authored scripts executed per task (WM data, SFT)
     c.data.sft_scripts_per_task = 40  # more authored scripts for SFT only (not executed)
+    # Executed per held-out task, only to measure the pretrained WM on unseen tasks (nothing
+    # trains on them); -1: as many as data.scripts_per_task.
+    c.data.heldout_scripts_per_task = -1
     c.data.mistake_rate = 0.35
     c.data.vocab_size = 4000
     c.data.max_prompt_len = 96

@@ -20,10 +20,15 @@ def run_local_processes(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         coordinator = f"127.0.0.1:{sock.getsockname()[1]}"
+    # The suite's other XLA flags (tests/conftest.py) are kept; the device count is replaced.
+    xla = [
+        f for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]  # fmt: skip
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": " ".join([*xla, f"--xla_force_host_platform_device_count={devices}"]),
         "PYTHONPATH": str(ROOT),
     }
     procs = [

@@ -34,6 +34,8 @@ def test_default_config_is_valid():
         ("rl.static_check", "lint", "config.rl.static_check"),
         ("rl.eval_at_s", (30.0, 10.0), "config.rl.eval_at_s: points must increase"),
         ("rl.eval_at_s", (0.0, 10.0), "config.rl.eval_at_s: point 0 must be a number > 0"),
+        ("data.heldout_scripts_per_task", 0, "config.data.heldout_scripts_per_task: must be"),
+        ("data.heldout_scripts_per_task", -2, "config.data.heldout_scripts_per_task: must be"),
     ],
 )
 def test_bad_field_is_named(field, value, message):

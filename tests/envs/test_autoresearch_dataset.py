@@ -59,6 +59,21 @@ def test_execute_resume_build_and_pipeline(suite, tmp_path):
         if r["status_name"] == "VALID":
             assert r["reward"] == pytest.approx(0.5 + 0.5 * r["percentile"])
 
+    # Fewer scripts per held-out task: a fresh build executes only those, and the records read
+    # back from the bigger corpus above are exactly the fresh build's (same scripts, outcomes).
+    small = dataset.execute_corpus(
+        suite, tmp_path / "small", scripts_per_task=3, heldout_scripts_per_task=1, workers=2,
+        progress=False,
+    )  # fmt: skip
+    fresh = dataset.corpus_records(small, 3, 1)
+    assert sorted((r["task_id"], r["index"]) for r in fresh) == [
+        ("tiny-heldout", 0), ("tiny-train", 0), ("tiny-train", 1), ("tiny-train", 2)
+    ]  # fmt: skip
+    assert len(small.read_text().splitlines()) == 4
+    outcome = lambda r: (r["task_id"], r["index"], r["script"], r["status"], r["score"])
+    assert [outcome(r) for r in dataset.corpus_records(log, 3, 1)] == [outcome(r) for r in fresh]
+    assert len(dataset.corpus_records(log, 3)) == 6
+
     dataset.build_dataset(log, tmp_path / "tfds")
     src = dataset.data_source(tmp_path / "tfds", "train")
     held = dataset.data_source(tmp_path / "tfds", "heldout")

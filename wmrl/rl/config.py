@@ -296,6 +296,12 @@ def _check_fields(config) -> None:
         "data.sft_scripts_per_task",
     ):
         _positive(config, field, 0)
+    held = config.data.heldout_scripts_per_task
+    if not isinstance(held, int) or isinstance(held, bool) or not (held == -1 or held >= 1):
+        raise ConfigError(
+            "config.data.heldout_scripts_per_task",
+            f"must be -1 (as data.scripts_per_task) or an integer >= 1, got {held!r}",
+        )
     if config.rl.group_size < 2:
         raise ConfigError("config.rl.group_size", "GRPO needs groups of at least 2 samples")
     bs = config.rl.batch_size

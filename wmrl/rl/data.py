@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from wmrl.config_errors import ConfigError
-from wmrl.envs.autoresearch.dataset import SEP, execute_corpus
+from wmrl.envs.autoresearch.dataset import SEP, corpus_records, execute_corpus
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.make_task import task_info
 from wmrl.envs.autoresearch.observation import ERROR_TYPES, error_type_of
@@ -70,6 +70,14 @@ class Prepared:
     episode_tasks: dict = dataclasses.field(default_factory=dict)
 
 
+def heldout_scripts_per_task(config) -> int:
+    """Scripts executed per held-out task (`data.heldout_scripts_per_task`; -1: as many as
+    per training task). Held-out executions only measure the pretrained WM on unseen tasks
+    (the WM pretraining report's `heldout`): no stage trains on them."""
+    n = config.data.heldout_scripts_per_task
+    return config.data.scripts_per_task if n == -1 else n
+
+
 def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> Prepared:
     """Build (or reuse) the suite, execute the corpus resumably, train the tokenizer once
     (or, starting from a pretrained checkpoint, load the checkpoint's own)."""
@@ -108,10 +116,9 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
         workers=config.suite.workers,
         progress=progress,
         executor_config=config.suite,
+        heldout_scripts_per_task=heldout_scripts_per_task(config),
     )
-    with open(log) as f:
-        executions = [json.loads(line) for line in f if line.strip()]
-    executions.sort(key=lambda r: (r["task_id"], r["index"]))
+    executions = corpus_records(log, config.data.scripts_per_task, heldout_scripts_per_task(config))
     episodes, episode_tasks = [], {}
     if config.env.turns > 1:
         episodes, episode_tasks = _episodes(config, data_dir, suite_dir, train + heldout, progress)

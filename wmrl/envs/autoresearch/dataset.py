@@ -47,8 +47,13 @@ def execute_corpus(
     progress: bool = True,
     executor_config=None,
     episode_root: str | os.PathLike | None = None,
+    heldout_scripts_per_task: int | None = None,
 ) -> Path:
     """Execute the authored corpus, resumably; return the executions.jsonl path.
+
+    Held-out tasks get ``heldout_scripts_per_task`` scripts (default: ``scripts_per_task``),
+    the first ones of the same authored sequence, so a corpus executed with more scripts per
+    held-out task holds these ones too (`corpus_records` reads back exactly these).
 
     Each record also holds the observation fields a multi-turn world model predicts
     (``error_type``; ``validation``, None unless on an episode task). With ``episode_root``
@@ -78,9 +83,10 @@ def execute_corpus(
             from wmrl.envs.autoresearch.episode import make_episode_task
 
             task = make_episode_task(task, episode_root)
-        scripts = author.write_scripts(
-            info, scripts_per_task, task_seed(task.id, seed), mistake_rate
-        )
+        n = scripts_per_task
+        if task.split == "heldout" and heldout_scripts_per_task is not None:
+            n = heldout_scripts_per_task
+        scripts = author.write_scripts(info, n, task_seed(task.id, seed), mistake_rate)
         for i, (spec, source) in enumerate(scripts):
             if (task.id, i) not in done:
                 plan.append((task, i, spec, source))
@@ -123,6 +129,22 @@ def execute_corpus(
             bar.update(1)
         bar.close()
     return log_path
+
+
+def corpus_records(
+    log_path: str | os.PathLike, scripts_per_task: int, heldout_scripts_per_task: int | None = None
+) -> list[dict]:
+    """The executed corpus as one build with these counts would have it: the records of the
+    first `scripts_per_task` scripts of every training task and `heldout_scripts_per_task`
+    (default: as many) of every held-out task, sorted by (task, index). A log made with more
+    scripts per task (e.g. a shared single-turn corpus) yields the same records as a fresh
+    build with these counts."""
+    held = scripts_per_task if heldout_scripts_per_task is None else heldout_scripts_per_task
+    recs = [
+        r for r in journal_records(Path(log_path))
+        if r["index"] < (held if r["split"] == "heldout" else scripts_per_task)
+    ]  # fmt: skip
+    return sorted(recs, key=lambda r: (r["task_id"], r["index"]))
 
 
 def journal_records(path: Path):
