@@ -9,7 +9,8 @@ trajectory reward is the best turn's ladder reward on the hidden test labels; in
 episodes the world model writes every observation. Everything else is the tiny config's
 (configs/autoresearch_tiny.py, the schema), with a prompt budget that holds the history
 (the card, the last script and its observation, the older turns' observations) and a run
-sized for a 2-core CPU (docs/results.md: the cost of each stage).
+sized for a 2-core CPU (24.6 min end to end on the idle 2-core machine; docs/results.md: the
+cost of each stage).
 
 Modes as in the tiny config: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl`.
 Anchors are synchronous for K > 1 (an anchor episode's next turn needs its real observation),
@@ -49,13 +50,14 @@ def get_config():
     # gradient, accumulated): in one batch its activations take ~9 GB and the step 36 s on the
     # idle 2-core machine, mostly the kernel's page faults; in 4, 11 s (docs/results.md).
     c.rl.num_micro_batches = 4
-    # Sized for the 25-minute budget of a 2-core CPU (docs/results.md, the stage-by-stage
-    # projection): every held-out turn is executed, so one evaluation of the 32 held-out
-    # tasks x eval_samples episodes is 32 * eval_samples * K executions. 2 episodes per task,
-    # at the warm start and the final step: 2 x 192 = 384 executions, ~40 s each evaluation
-    # on the idle machine (4 per task at steps 0/4/8/12 were 1536, about 7 minutes); the
-    # standard error of one evaluation grows by up to sqrt(2). The speedup benchmark sets its
-    # own evaluation times (`rl.eval_at_s`).
+    # Sized for the 25-minute budget of a 2-core CPU (measured end to end from a fresh workdir
+    # on the idle machine: 24.6 min, docs/results.md 2026-12-02): every held-out turn is
+    # executed, so one evaluation of the 32 held-out tasks x eval_samples episodes is
+    # 32 * eval_samples * K executions. 2 episodes per task, at the warm start and the final
+    # step: 2 x 192 = 384 executions, 40-60 s each evaluation on the idle machine (4 per task
+    # at steps 0/4/8/12 were 1536, about 7 minutes); the standard error of one evaluation
+    # grows by up to sqrt(2). The speedup benchmark sets its own evaluation times
+    # (`rl.eval_at_s`).
     c.rl.eval_every = 12
     c.rl.checkpoint_every = 6
     c.rl.eval_samples = 2  # episodes per held-out task (each K executions)

@@ -18,7 +18,12 @@ def execute_notebook(monkeypatch, name: str, workdir=None, timeout: int = 600):
     if workdir is not None:
         monkeypatch.setenv("WMRL_NOTEBOOK_WORKDIR", str(workdir))
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    # One CPU device, as in Colab; the suite's compile flags (tests/conftest.py) kept.
+    xla = [
+        f for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]  # fmt: skip
+    monkeypatch.setenv("XLA_FLAGS", " ".join(xla))
     client = NotebookClient(
         nb,
         timeout=timeout,

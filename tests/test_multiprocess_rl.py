@@ -8,8 +8,12 @@ mesh and the per-row forward passes are partitioned alike in both layouts, so th
 identical; the gradient all-reduce sums in another order across processes (gloo) than within
 one, so parameters agree to float tolerance (about 1e-8 here), not bitwise.
 
-The fast suite launches the two processes once; `-m slow` also stops them after step 1 and
-resumes across processes, and builds the stages with two processes from nothing.
+All three are in `-m slow` (`make test-slow`): the first launches the two processes once, the
+second also stops them after step 1 and resumes across processes, the third builds the stages
+with two processes from nothing. Each launch compiles every step in both processes at once on
+the 2-core CI machine (~2 min with the one-process reference), so the fast suite keeps the
+tiny version: `tests/test_distributed.py::test_two_cpu_processes_on_localhost`, two real JAX
+processes joined over localhost, with the host helpers the trainer uses.
 """
 
 import json
@@ -149,6 +153,7 @@ def single_wmrl(rl_shared, tmp_path_factory):
     return wd, single_process(wd, *rl_shared, "wmrl")
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(rl_shared, single_wmrl, tmp_path):
     """Mode wmrl on the shared stages, one launch of the two processes for both steps."""
     ref_wd, ref_summary = single_wmrl
