@@ -9,13 +9,13 @@ import os
 # inherited by the subprocesses the tests start; what the tests check (values against
 # references, equality between layouts and runs) does not depend on either. WMRL_TEST_XLA=default
 # keeps JAX's defaults (what a production run uses).
-os.environ["XLA_FLAGS"] = " ".join([
-    os.environ.get("XLA_FLAGS", ""),
-    "--xla_force_host_platform_device_count=8",
-    *(["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
-      if os.environ.get("WMRL_TEST_XLA") != "default" else []),
-]).strip()  # fmt: skip
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 if os.environ.get("WMRL_TEST_XLA") != "default":
+    os.environ["XLA_FLAGS"] += (
+        " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    )
     os.environ.setdefault("JAX_THREEFRY_PARTITIONABLE", "0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test session: the end-to-end runs (every RL mode, the

@@ -9,6 +9,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def xla_flags(devices: int | None) -> str:
+    """The suite's XLA flags (tests/conftest.py) with `devices` fake CPU devices instead of its
+    8 (None: the platform's one), for a child process."""
+    flags = [
+        f for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]  # fmt: skip
+    if devices is not None:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    return " ".join(flags)
+
+
 def run_local_processes(
     worker: str, args: list[str], num_processes: int, devices: int, timeout: float = 240
 ):
@@ -20,15 +32,10 @@ def run_local_processes(
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         coordinator = f"127.0.0.1:{sock.getsockname()[1]}"
-    # The suite's other XLA flags (tests/conftest.py) are kept; the device count is replaced.
-    xla = [
-        f for f in os.environ.get("XLA_FLAGS", "").split()
-        if not f.startswith("--xla_force_host_platform_device_count")
-    ]  # fmt: skip
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": " ".join([*xla, f"--xla_force_host_platform_device_count={devices}"]),
+        "XLA_FLAGS": xla_flags(devices),
         "PYTHONPATH": str(ROOT),
     }
     procs = [

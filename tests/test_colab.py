@@ -7,6 +7,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.multiprocess_helpers import xla_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -18,12 +20,7 @@ def execute_notebook(monkeypatch, name: str, workdir=None, timeout: int = 600):
     if workdir is not None:
         monkeypatch.setenv("WMRL_NOTEBOOK_WORKDIR", str(workdir))
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    # One CPU device, as in Colab; the suite's compile flags (tests/conftest.py) kept.
-    xla = [
-        f for f in os.environ.get("XLA_FLAGS", "").split()
-        if not f.startswith("--xla_force_host_platform_device_count")
-    ]  # fmt: skip
-    monkeypatch.setenv("XLA_FLAGS", " ".join(xla))
+    monkeypatch.setenv("XLA_FLAGS", xla_flags(None))  # one CPU device, as in Colab
     client = NotebookClient(
         nb,
         timeout=timeout,

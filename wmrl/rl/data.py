@@ -107,6 +107,7 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
     heldout = [t for t in tasks if t.split == "heldout"]
     if not train or not heldout:
         raise ConfigError("config.suite", f"{suite_dir} needs train and heldout tasks")
+    held = heldout_scripts_per_task(config)
     log = execute_corpus(
         suite_dir,
         data_dir / "trajectories",
@@ -116,9 +117,9 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
         workers=config.suite.workers,
         progress=progress,
         executor_config=config.suite,
-        heldout_scripts_per_task=heldout_scripts_per_task(config),
+        heldout_scripts_per_task=held,
     )
-    executions = corpus_records(log, config.data.scripts_per_task, heldout_scripts_per_task(config))
+    executions = corpus_records(log, config.data.scripts_per_task, held)
     episodes, episode_tasks = [], {}
     if config.env.turns > 1:
         episodes, episode_tasks = _episodes(config, data_dir, suite_dir, train + heldout, progress)
