@@ -44,6 +44,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -220,21 +221,25 @@ def run(
     config, workdir: str | os.PathLike, write_outputs: bool = True, progress: bool = True
 ) -> dict:
     """Run (or resume) the whole pipeline; returns the summary."""
-    from wmrl.envs.autoresearch.executor import make_executor
     from wmrl.rl.checkpoint import Checkpointer
 
     workdir = epath.Path(workdir)
     quiet_orbax()
     rlconfig.validate_autoresearch_config(config)
     workdir.mkdir(parents=True, exist_ok=True)
-    s = prepare_stages(config, workdir, progress)
+    # suite.executor: this host's pool or one per Ray node; every execution seeded from the
+    # run's seed and its key (the same when a resumed run executes it again)
+    pool = _ExecutorStart(config)
+    try:
+        s = prepare_stages(config, workdir, progress)
+    except BaseException:
+        pool.close()
+        raise
+    pool = pool.result()
     policy_params, wm_params = s.policy_params, s.wm_params
 
     log = _Log(workdir, write_outputs)
     ckpt = Checkpointer(workdir, config.rl.keep_checkpoints)
-    # suite.executor: this host's pool or one per Ray node; every execution seeded from the
-    # run's seed and its key (the same when a resumed run executes it again)
-    pool = make_executor(config.suite, seed=rlconfig.rl_seed(config))
     trainer = make_trainer(config, s, pool, workdir)
     try:
         st = trainer.initial_state(policy_params, wm_params)
@@ -274,6 +279,49 @@ def run(
         )
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+class _ExecutorStart:
+    """The RL run's executor (`suite.executor`), started while the stages load.
+
+    A local pool's start is a template process importing the sandbox's libraries and the
+    start-up canary run through the sandbox (~3 s on the idle 2-core machine, in other
+    processes): a thread starts it beside the stages' loading (`prepare_stages`, on this
+    process's core). A start-up failure is raised by `result()`, after the stages, exactly
+    as before. The Ray executor starts in `result()`, on the calling thread (ray.init
+    installs signal handlers, which only the main thread may).
+    """
+
+    def __init__(self, config):
+        from wmrl.envs.autoresearch.executor import make_executor
+
+        self._make = lambda: make_executor(config.suite, seed=rlconfig.rl_seed(config))
+        self._thread = None
+        if config.suite.get("executor", "local") == "local":
+            self._box: dict = {}
+            self._thread = threading.Thread(target=self._start, name="executor-start", daemon=True)
+            self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._box["pool"] = self._make()
+        except BaseException as e:  # raised again by result()
+            self._box["error"] = e
+
+    def result(self):
+        if self._thread is None:
+            return self._make()
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["pool"]
+
+    def close(self) -> None:
+        """Close the pool once started (the stages failed)."""
+        if self._thread is not None:
+            self._thread.join()
+            if "pool" in self._box:
+                self._box["pool"].close()
 
 
 def make_trainer(config, s: Stages, pool, workdir):
