@@ -436,3 +436,48 @@ def test_benchmark_end_to_end_tiny_multiturn(tmp_path):
         assert summary["final_heldout_reward_by_turn"][-1] == pytest.approx(
             summary["final_heldout_reward"]
         )
+
+
+def test_multiturn_figures_per_mode_over_seeds_and_paired(tmp_path):
+    """Multi-turn runs (issue 18): turn 1, best of K and their difference (the feedback gain)
+    per mode, over seeds and paired; single-turn runs give None and no table line."""
+    from wmrl.benchmarks import speedup
+
+    by_turn = {  # (seed, mode): warm start's and final policy's best of the first t turns
+        (0, "real"): ([0.2, 0.3, 0.35], [0.3, 0.4, 0.5]),
+        (0, "wmrl"): ([0.2, 0.3, 0.35], [0.25, 0.45, 0.5]),
+        (1, "real"): ([0.2, 0.3, 0.35], [0.2, 0.3, 0.3]),
+        (1, "wmrl"): ([0.2, 0.3, 0.35], [0.4, 0.5, 0.6]),
+    }
+    results = []
+    for i in (0, 1):
+        finished_benchmark(tmp_path, ("real", "wmrl"), i)
+        results.append(speedup.analyse(speedup_runner.load_runs(tmp_path, ("real", "wmrl"), i)))
+    single = speedup.aggregate(results, [0, 1])
+    assert single["final_heldout_feedback_gain"] == {"real": None, "wmrl": None}
+    assert "best of K" not in speedup.format_table(single)
+    for (i, m), (warm, final) in by_turn.items():
+        path = speedup_runner.run_dir(tmp_path, m, i) / "summary.json"
+        s = json.loads(path.read_text())
+        s["warmstart_heldout_reward_by_turn"], s["final_heldout_reward_by_turn"] = warm, final
+        s["final_heldout_improved_fraction"] = 0.25 * (i + 1)
+        path.write_text(json.dumps(s))
+    load = lambda i: speedup_runner.load_runs(tmp_path, ("real", "wmrl"), i)
+    results = [speedup.analyse(load(i)) for i in (0, 1)]
+    assert results[0]["final_heldout_reward_turn1"] == {"real": 0.3, "wmrl": 0.25}
+    assert results[0]["final_heldout_reward_best_of_k"] == {"real": 0.5, "wmrl": 0.5}
+    assert results[1]["final_heldout_feedback_gain"] == pytest.approx({"real": 0.1, "wmrl": 0.2})
+    assert results[1]["warmstart_heldout_feedback_gain"]["real"] == pytest.approx(0.15)
+    out = speedup.aggregate(results, [0, 1])
+    gain = out["over_seeds"]["final_heldout_feedback_gain"]["wmrl"]  # 0.25, 0.2
+    assert gain["per_seed"] == pytest.approx([0.25, 0.2])
+    assert gain["ci95"] == pytest.approx(t_interval([0.25, 0.2])[1])
+    fraction = out["over_seeds"]["final_heldout_improved_fraction"]["real"]
+    assert fraction["mean"] == pytest.approx(0.375)
+    pair = out["paired"]["wmrl - real"]["final_heldout_feedback_gain"]  # 0.05, 0.1
+    assert pair["per_seed"] == pytest.approx([0.05, 0.1])
+    assert out["final_heldout_feedback_gain"]["real"] == pytest.approx(0.15)  # mean of seeds
+    text = speedup.format_table(out)
+    assert "turn 1 -> best of K turns: real 0.2500 -> 0.4000" in text
+    assert "final feedback gain (best of K - turn 1): real +0.1500" in text
+    assert "wmrl - real, final_heldout_feedback_gain: +0.0750" in text

@@ -113,6 +113,9 @@ MODE_FIGURES = (
     "time_to_target_s", "step_time_s", "steps", "wall_time_s", "real_executions", "wm_calls",
     "warmstart_heldout_reward", "best_heldout_reward", "wm_stream_corr_mean",
     "wm_stream_collapsed_groups", "heldout_reward_se_mean", "heldout_reward_se_max",
+    *(f"{when}_heldout_{fig}" for when in ("warmstart", "final")
+      for fig in ("reward_turn1", "reward_best_of_k", "feedback_gain")),
+    "final_heldout_improved_fraction",
 )  # fmt: skip
 SCALAR_FIGURES = (
     "time_to_target_ratio", "time_to_target_reward", "equal_wall_clock_s", "amdahl_bound",
@@ -121,6 +124,7 @@ SCALAR_FIGURES = (
 PAIRED_FIGURES = (
     "heldout_reward_time_average", "heldout_reward_at_equal_wall_clock",
     "heldout_reward_last3_at_equal_wall_clock", "final_heldout_reward",
+    "final_heldout_feedback_gain",
 )  # fmt: skip
 # Scripts per held-out task in each evaluation of the command-line benchmark: the tiny
 # config's 32 held-out tasks x 5 = 160 executions put one evaluation's standard error
@@ -203,6 +207,10 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         "wm_calls": per_mode("wm_calls"),
         "warmstart_heldout_reward": per_mode("warmstart_heldout_reward"),
         "best_heldout_reward": per_mode("best_heldout_reward"),
+        # Multi-turn runs (None for single-turn ones): the held-out reward of turn 1 and of
+        # the best of the K turns, their difference (does the agent use the feedback?) and
+        # the fraction of episodes a later turn improves, at the warm start and at the end.
+        **_turn_figures(runs),
         "static_check": {
             m: static_check_stats(r["pairs"], r["steps"]) for m, r in runs.items() if m != "real"
         },
@@ -224,6 +232,28 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         "config": {k: _get(config, k) for k in CONFIG_KEYS} if config is not None else None,
         "machine": machine(runs),
     }
+
+
+def _turn_figures(runs: dict) -> dict:
+    """Per mode, from each run's summary (`final_heldout_reward_by_turn`, a list: the best
+    of the first t turns): `*_reward_turn1`, `*_reward_best_of_k`, `*_feedback_gain` (best of
+    K - turn 1), for the warm start and the final policy, and the final policy's
+    `final_heldout_improved_fraction`; every value None for a single-turn run."""
+    out = {}
+    for when in ("warmstart", "final"):
+        by_turn = {m: r["summary"].get(f"{when}_heldout_reward_by_turn") for m, r in runs.items()}
+        for fig, f in (
+            ("reward_turn1", lambda v: v[0]),
+            ("reward_best_of_k", lambda v: v[-1]),
+            ("feedback_gain", lambda v: v[-1] - v[0]),
+        ):
+            out[f"{when}_heldout_{fig}"] = {
+                m: None if v is None else f(v) for m, v in by_turn.items()
+            }
+    out["final_heldout_improved_fraction"] = {
+        m: r["summary"].get("final_heldout_improved_fraction") for m, r in runs.items()
+    }
+    return out
 
 
 def _mean_defined(values) -> float | None:
@@ -393,6 +423,15 @@ def format_table(result: dict) -> str:
                 for m, c in corr.items()
             )
         )
+    turn1, best = (
+        result.get("final_heldout_reward_turn1"),
+        result.get("final_heldout_reward_best_of_k"),
+    )
+    if turn1 and any(v is not None for v in turn1.values()):
+        lines.append(
+            "final held-out reward, turn 1 -> best of K turns: "
+            + ", ".join(f"{m} {_fmt(turn1[m], '.4f')} -> {_fmt(best[m], '.4f')}" for m in turn1)
+        )
     if "over_seeds" in result:
         lines += ["", *format_seeds(result)]
     return "\n".join(lines)
@@ -420,6 +459,15 @@ SEED_LINES = (
     ("real executions", "real_executions", ".1f"),
     ("mean wm_stream_corr over the run", "wm_stream_corr_mean", ".3f"),
     ("wm_stream_collapsed_groups over the run", "wm_stream_collapsed_groups", ".1f"),
+    ("final held-out reward of turn 1 (multi-turn)", "final_heldout_reward_turn1", ".4f"),
+    ("final held-out reward, best of K turns", "final_heldout_reward_best_of_k", ".4f"),
+    ("final feedback gain (best of K - turn 1)", "final_heldout_feedback_gain", "+.4f"),
+    ("warm start's feedback gain", "warmstart_heldout_feedback_gain", "+.4f"),
+    (
+        "fraction of held-out episodes a later turn improves",
+        "final_heldout_improved_fraction",
+        ".3f",
+    ),
     ("mean standard error of one evaluation", "heldout_reward_se_mean", ".4f"),
     ("largest standard error of one evaluation", "heldout_reward_se_max", ".4f"),
 )
@@ -432,7 +480,7 @@ def format_seeds(result: dict) -> list[str]:
     lines = [f"over {len(seeds)} seed(s) {seeds}: mean [95% t-interval over seeds]"]
     for label, fig, spec in SEED_LINES:
         per = over.get(fig) or {}
-        if per:
+        if any(v and v["mean"] is not None for v in per.values()):  # e.g. not multi-turn
             cells = "; ".join(f"{m} {_stat(v, spec)}" for m, v in per.items())
             lines.append(f"  {label}: {cells}")
     ratio = over["time_to_target_ratio"]
@@ -443,8 +491,11 @@ def format_seeds(result: dict) -> list[str]:
     lines.append(f"  per-step speedup: {_stat(over['per_step_speedup'], '.2f')}")
     lines.append("paired by seed (wmrl - mode; mean difference [95% t-interval], per seed):")
     for name, figs in result["paired"].items():
-        for fig in ("heldout_reward_time_average", "heldout_reward_at_equal_wall_clock"):
+        for fig in ("heldout_reward_time_average", "heldout_reward_at_equal_wall_clock",
+                    "final_heldout_feedback_gain"):  # fmt: skip
             st = figs[fig]
+            if st["mean"] is None:  # the feedback gain of a single-turn run
+                continue
             vals = ", ".join(_fmt(v, "+.4f") for v in st["per_seed"])
             lines.append(f"  {name}, {fig}: {_stat(st, '+.4f')} ({vals})")
     return lines
