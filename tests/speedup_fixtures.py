@@ -67,3 +67,12 @@ def child_writes(path: str, log_path, fail: bool) -> None:
     Path(path).write_text(str(__import__("os").getpid()))
     if fail:
         raise SystemExit(3)
+
+
+def child_sleeps(path: str) -> None:
+    """A stand-in for a mode process that outlives a killed benchmark unless it is stopped:
+    writes its pid to `path`, then sleeps."""
+    import time
+
+    Path(path).write_text(str(__import__("os").getpid()))
+    time.sleep(120)

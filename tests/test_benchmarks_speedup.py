@@ -240,6 +240,41 @@ def test_fresh_process_runs_logs_and_reports_failure(tmp_path):
         )
 
 
+def test_a_killed_benchmark_takes_its_mode_process_with_it(tmp_path):
+    """SIGKILL to the benchmark's process (no handler runs) still ends the spawned mode
+    process: it would otherwise train on into a run directory the next command reuses."""
+    import signal
+    import time
+
+    marker = tmp_path / "child.pid"
+    code = (
+        "from tests.speedup_fixtures import child_sleeps\n"
+        "from wmrl.benchmarks import speedup_runner\n"
+        f"speedup_runner._in_fresh_process(child_sleeps, ({str(marker)!r},), 'x', None)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=root)
+    deadline = time.monotonic() + 120
+    while not marker.exists() or not marker.read_text():
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    child = int(marker.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(child), "the mode process outlived the benchmark"
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie waits to be reaped, it does not run)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 # -- the CLI on finished runs written by hand (no RL: every mode's summary.json exists) ------
 
 

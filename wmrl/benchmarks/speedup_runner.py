@@ -104,10 +104,27 @@ def _mode_child(config, workdir, log_path, progress) -> None:
     run(config, workdir, progress=progress)
 
 
+def _child_main(parent_pid: int, target, args) -> None:
+    """A benchmark child: on Linux it is sent SIGTERM when the benchmark's process dies
+    (killed, or a terminal closed), instead of training on alone into a directory the next
+    command may reuse."""
+    if sys.platform == "linux":
+        import signal
+
+        from wmrl.envs.autoresearch import linux
+
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before the call
+            raise SystemExit("the benchmark's process is gone")
+    target(*args)
+
+
 def _in_fresh_process(target, args, what: str, log_path: str | None) -> float:
     """Run `target(*args)` in a spawned process (no inherited JIT caches); returns seconds."""
     t0 = time.monotonic()
-    p = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    p = multiprocessing.get_context("spawn").Process(
+        target=_child_main, args=(os.getpid(), target, args)
+    )
     p.start()
     try:
         p.join()
