@@ -254,14 +254,11 @@ def test_command_line_writes_the_artefacts_and_refuses_bad_input(runs, tmp_path)
     root, _ = runs
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     wd = tmp_path / "cli"
-    bad = subprocess.run(
-        main_cmd(wd, root / "init", "--config.policy.chunk=80"),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode == 2 and "config.policy.chunk" in bad.stderr
+    # The refused command beside the run (its own workdir, which it must not create).
+    bad = subprocess.Popen(
+        main_cmd(tmp_path / "bad", root / "init", "--config.policy.chunk=80"),
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     proc = subprocess.run(
         main_cmd(wd, root / "init", "--config.rl.steps=1"),
         cwd=ROOT,
@@ -269,6 +266,9 @@ def test_command_line_writes_the_artefacts_and_refuses_bad_input(runs, tmp_path)
         capture_output=True,
         text=True,
     )
+    _, bad_stderr = bad.communicate(timeout=300)
+    assert bad.returncode == 2 and "config.policy.chunk" in bad_stderr
+    assert not (tmp_path / "bad").exists()
     assert proc.returncode == 0, proc.stderr[-3000:]
     for f in ("config.json", "metrics.jsonl", "summary.json", "plots/heldout_success.png"):
         assert (wd / f).exists(), f

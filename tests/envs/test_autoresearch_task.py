@@ -245,23 +245,26 @@ def test_make_task_cli_bad_csv_files(tmp_path, request):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "keep.txt").write_text("x")
-    for csv, out, needle in (
+    cases = (
         (latin1, tmp_path / "o1", "is not UTF-8"),
         (empty, tmp_path / "o2", "is empty"),
         (header, tmp_path / "o3", "no rows"),
         (good, notes, "does not hold a task"),
         (good, tmp_path / "..bad", "task id"),
-    ):
-        p = _cli(
-            [
-                "wmrl.envs.autoresearch.make_task",
-                f"--csv={csv}",
-                "--target=label",
-                "--metric=accuracy",
-                f"--out={out}",
-            ],
-            root,
+    )
+    # The five commands side by side (each is an interpreter start and an import of pandas).
+    make = [sys.executable, "-m", "wmrl.envs.autoresearch.make_task"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    procs = [
+        subprocess.Popen(
+            [*make, f"--csv={csv}", "--target=label", "--metric=accuracy", f"--out={out}"],
+            cwd=root,
+            **pipes,
         )
-        assert p.returncode != 0 and needle in p.stderr, (needle, p.stderr[-1500:])
-        assert "Traceback" not in p.stderr, p.stderr[-1500:]
+        for csv, out, _ in cases
+    ]
+    for p, (_, _, needle) in zip(procs, cases, strict=True):
+        _, stderr = p.communicate(timeout=120)
+        assert p.returncode != 0 and needle in stderr, (needle, stderr[-1500:])
+        assert "Traceback" not in stderr, stderr[-1500:]
     assert (notes / "keep.txt").exists()
