@@ -31,6 +31,11 @@ wall-clock; `time_to_target_ratio` is itself a per-seed ratio, in `over_seeds`).
 older keys keep their shapes and hold the mean over seeds (None where a seed has None; with
 one seed, that seed's values); `curves` holds the first seed's curves.
 
+Multi-turn configs (`env.turns` > 1, `configs/autoresearch_multiturn.py`) run unchanged; the
+JSON adds per mode the held-out reward of turn 1 and of the best of K turns, their difference
+(`final_heldout_feedback_gain`: does the agent use the feedback?) and the fraction of episodes
+a later turn improves, for the warm start and the final policy (None for single-turn runs).
+
 `--budget_s` gives every mode the same RL wall-clock budget (`rl.max_wall_time_s`) and, unless
 `--steps` is given, lifts the step limit so that the budget alone ends each run; every mode is
 then evaluated at the same training wall-clock points instead of every `rl.eval_every` steps,
