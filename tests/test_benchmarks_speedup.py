@@ -484,10 +484,10 @@ def test_multiturn_figures_per_mode_over_seeds_and_paired(tmp_path):
         (1, "real"): ([0.2, 0.3, 0.35], [0.2, 0.3, 0.3]),
         (1, "wmrl"): ([0.2, 0.3, 0.35], [0.4, 0.5, 0.6]),
     }
-    results = []
+    load = lambda i: speedup_runner.load_runs(tmp_path, ("real", "wmrl"), i)
     for i in (0, 1):
         finished_benchmark(tmp_path, ("real", "wmrl"), i)
-        results.append(speedup.analyse(speedup_runner.load_runs(tmp_path, ("real", "wmrl"), i)))
+    results = [speedup.analyse(load(i)) for i in (0, 1)]
     single = speedup.aggregate(results, [0, 1])
     assert single["final_heldout_feedback_gain"] == {"real": None, "wmrl": None}
     assert "best of K" not in speedup.format_table(single)
@@ -497,7 +497,6 @@ def test_multiturn_figures_per_mode_over_seeds_and_paired(tmp_path):
         s["warmstart_heldout_reward_by_turn"], s["final_heldout_reward_by_turn"] = warm, final
         s["final_heldout_improved_fraction"] = 0.25 * (i + 1)
         path.write_text(json.dumps(s))
-    load = lambda i: speedup_runner.load_runs(tmp_path, ("real", "wmrl"), i)
     results = [speedup.analyse(load(i)) for i in (0, 1)]
     assert results[0]["final_heldout_reward_turn1"] == {"real": 0.3, "wmrl": 0.25}
     assert results[0]["final_heldout_reward_best_of_k"] == {"real": 0.5, "wmrl": 0.5}
