@@ -84,6 +84,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Contact gate (m, 0 = off): an imagined block moves only while the pusher or another block
     # is this close (docs/embodied.md, docs/results.md 2026-12-01 imagination vs simulator).
     c.wm.contact_gate = 0.0
+    # Branched imagination (chunks, 0 = off): a WM group is G imagined branches of this many
+    # chunks from one real state of the step's anchor episodes, scored by a success-to-go head
+    # (MBPO's short model rollouts; docs/embodied.md). 0: whole episodes from a fresh start.
+    c.wm.branch_chunks = 0
     c.wm.policy_rollouts = 192  # real BC-policy episodes for WM pretraining (counted)
     c.wm.pretrain_steps = 800
     c.wm.batch_transitions = 256  # training windows per member and step

@@ -47,7 +47,7 @@ def _flat(d, prefix=""):
 
 
 # Config fields added after runs were saved: a run without one was made with this value.
-LEGACY_DEFAULTS = {"wm.contact_gate": 0.0, "rl.wm_trust_spread": 0.0}
+LEGACY_DEFAULTS = {"wm.contact_gate": 0.0, "rl.wm_trust_spread": 0.0, "wm.branch_chunks": 0}
 
 
 def config_differences(saved: dict, config) -> list[str]:
@@ -119,7 +119,12 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         policy_tx=policy_tx,
         wm_tx=wm_tx,
         wm_online_steps=config.wm.online_steps,
-        wm_batch=(config.wm.batch_transitions, config.wm.batch_episodes, config.wm.unroll),
+        wm_batch=(
+            config.wm.batch_transitions,
+            config.wm.batch_episodes,
+            config.wm.unroll,
+            stages.value_horizon(config),
+        ),
         replay_size=config.wm.replay_size,
     )
     template = rl.init_rl_state(st, bc_params, wm_params, policy_tx, wm_tx)

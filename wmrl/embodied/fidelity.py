@@ -213,7 +213,102 @@ def fidelity(config, wm, graphdef, params, starts, key, group_size: int) -> dict
         "rule_disagreement": float((im_rule != y_im).mean()),
         "within_group_auc": _auc(im_score, y_im.astype(np.float32), group_size)[0],
     }
+    if config.wm.branch_chunks:
+        out["branch"] = branch_fidelity(
+            config, wm, graphdef, params, real, starts, key, pool, group_size
+        )
     return out
+
+
+def branch_fidelity(config, wm, graphdef, params, real, starts, key, pool, g: int) -> dict:
+    """`wm.branch_chunks` = k: what a branched WM group is. Per group, one real episode's state
+    at a chunk boundary j (drawn); G branches of k chunks imagined from it with the policy in
+    the loop and scored by the success-to-go head (`world_model.imagine_branch`, as the
+    trainer does). Here only, the same branches are executed for real: the source episode's
+    prefix replayed in MuJoCo, the branch's tokens, then the policy acting in the simulator to
+    the end. Within-group AUC of the head's score (on the imagined end state, and on the real
+    one) against that real success: does the WM rank the branches as reality does?"""
+    spec = pool.spec
+    H, T = config.policy.chunk, config.env.episode_len
+    C, k = T // H, config.wm.branch_chunks
+    n = len(starts)
+    vel = jnp.asarray(spec.velocities())
+    rng = np.random.default_rng(5)
+    groups = n // g
+    j = np.repeat(rng.integers(0, C - k + 1, groups), g)
+    src = np.repeat(np.arange(groups) * g, g)
+    t0 = j * H
+    im = wmodel.imagine_branch(
+        wm,
+        graphdef,
+        params,
+        jnp.asarray(real.words[src]),
+        jnp.asarray(real.task[src]),
+        jnp.asarray(real.obs[src, t0]),
+        jnp.asarray(t0, jnp.float32),
+        jax.random.fold_in(key, 20_000),
+        num_chunks=k,
+        chunk=H,
+        episode_len=T,
+        velocities=vel,
+        push_distance=config.env.push_distance,
+        gate=config.wm.contact_gate,
+    )
+    acts = np.asarray(im["actions"])
+    v_im = np.asarray(im["means"]).mean(0)
+    sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
+    envs = pool.get(n)
+    obs = np.zeros((n, scene.OBS_DIM), np.float32)
+    after = np.zeros((n, scene.OBS_DIM), np.float32)
+    prefix_err = 0.0
+    for i, env in enumerate(envs):
+        o = env.reset(starts[src[i]])
+        for a in real.actions[src[i], : t0[i]]:
+            o = env.step(a)
+        # the simulator is deterministic: the replayed prefix is the source episode's state
+        prefix_err = max(prefix_err, float(np.abs(o - real.obs[src[i], t0[i]]).max()))
+        for a in acts[i]:
+            obs[i] = env.step(a)
+        after[i] = obs[i]
+    for c in range(C):
+        live = j + k <= c
+        if not live.any():
+            continue
+        a, _ = sample(
+            graphdef,
+            params,
+            jnp.asarray(real.words[src]),
+            jnp.asarray(obs),
+            jax.random.fold_in(key, 30_000 + c),
+        )
+        a = np.asarray(a)
+        for i in np.nonzero(live)[0]:
+            for h in range(H):
+                obs[i] = envs[i].step(a[i, h])
+    y = np.asarray([env.succeeded() for env in envs], np.float32)
+    m = jax.tree.leaves(wm)[0].shape[0]
+    left = jnp.asarray((T - t0 - k * H) / T, jnp.float32)
+    v_real = np.asarray(
+        wmodel.score_values(
+            wm,
+            jnp.broadcast_to(jnp.asarray(after), (m, *after.shape)),
+            jnp.asarray(real.task[src]),
+            config.env.push_distance,
+            left,
+        )[0]
+    ).mean(0)
+    yg = y.reshape(groups, g)
+    mixed = ((yg > 0.5).any(1) & (yg <= 0.5).any(1)).mean()
+    return {
+        "branch_chunks": k,
+        "prefix_replay_error_cm": 100 * prefix_err,
+        "real_success_of_branches": float(y.mean()),
+        "groups_with_mixed_outcomes": float(mixed),
+        "value_on_imagined_mean": float(v_im.mean()),
+        "within_group_auc_imagined": _auc(v_im, y, g)[0],
+        "within_group_auc_real_state": _auc(v_real, y, g)[0],
+        "imagined_vs_real_state_value_corr": float(np.corrcoef(v_im, v_real)[0, 1]),
+    }
 
 
 def main(argv=None) -> dict:

@@ -7,7 +7,9 @@ One RL step (DESIGN.md 3, embodied):
   3. Anchor groups run in MuJoCo (real episodes, sparse success); every other group is
      imagined by the world model with the policy in the loop (`world_model.imagine`) and never
      steps the simulator. Anchors are also replayed through the WM: (WM score, real success)
-     pairs of the same trajectories.
+     pairs of the same trajectories. With `wm.branch_chunks` = k > 0 a WM group is instead G
+     imagined k-chunk branches from one real state of this step's anchor episodes
+     (`Trainer.branched_groups`), scored by the success-to-go head.
   4. Raw WM score per episode: members fused by inverse variance
      (`wmrl.core.denoise.fuse_ensemble`, modes denoise_only / wmrl) or averaged.
   5. The correction is the shared one, `wmrl.core.correct.correct_rewards` (the AutoResearch
@@ -66,6 +68,7 @@ class RLStatics:
     push_distance: float
     contact_gate: float
     wm_trust_spread: float
+    branch_chunks: int
     routing: routing.RoutingConfig
     debias: debias.DebiasConfig
     denoise: denoise.DenoiseConfig
@@ -105,6 +108,7 @@ def statics_from_config(config) -> RLStatics:
         push_distance=config.env.push_distance,
         contact_gate=config.wm.contact_gate,
         wm_trust_spread=config.rl.wm_trust_spread,
+        branch_chunks=config.wm.branch_chunks,
         routing=routing.RoutingConfig(rho=cc.rho, min_groups=cc.min_groups),
         debias=debias.DebiasConfig(
             mode=cc.debias if MODE_SPECS[config.mode].debias else "none",
@@ -205,7 +209,7 @@ class Trainer:
     policy_tx: object
     wm_tx: object
     wm_online_steps: int
-    wm_batch: tuple[int, int, int]  # windows, episodes, unroll
+    wm_batch: tuple[int, int, int, int]  # windows, episodes, unroll, value horizon
     replay_size: int
 
     def __post_init__(self):
@@ -236,6 +240,31 @@ class Trainer:
             return wmodel.score_finals(wm, obs0, finals, task, st.push_distance, paths)
 
         self.replay_score = jax.jit(replay_score)
+        common = dict(
+            episode_len=st.episode_len,
+            velocities=self.velocities,
+            push_distance=st.push_distance,
+            gate=st.contact_gate,
+        )
+        self.imagine_branch = jax.jit(
+            lambda wm, params, words, task, obs, t0, key: wmodel.imagine_branch(
+                wm,
+                self.graphdef,
+                params,
+                words,
+                task,
+                obs,
+                t0,
+                key,
+                num_chunks=st.branch_chunks,
+                chunk=st.chunk,
+                temperature=st.temperature,
+                **common,
+            )
+        )
+        self.replay_value = jax.jit(
+            lambda wm, obs, acts, t0, task: wmodel.replay_value(wm, obs, acts, t0, task, **common)
+        )
         self.sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
         self.wm_step = wmodel.make_train_step(
             self.wm_tx, self.velocities, st.push_distance, st.contact_gate
@@ -297,7 +326,13 @@ class Trainer:
         r_wm = [np.zeros(A * G, np.float32)]  # the anchors' own WM scores (below)
         metrics = {"step": t + 1, "real_success": float(real.success.mean())}
         t1 = time.monotonic()
-        if st.uses_wm:
+        if st.uses_wm and st.branch_chunks:
+            r_wm, im_parts = self.branched_groups(state, params, real, A, nw, t, k_wm, metrics)
+            for dst, part in zip(
+                (parts_obs, parts_act, parts_logp, parts_words, parts_mask), im_parts, strict=True
+            ):
+                dst.extend(part)
+        elif st.uses_wm:
             wm = state["wm"]
             # The anchors' WM scores: their real actions replayed open-loop from the same start.
             a_mu, a_lv = self.replay_score(
@@ -394,6 +429,70 @@ class Trainer:
         metrics["wm_episodes"] = int(new["wm_episodes"])
         metrics.update(timing)
         return new, replay, metrics
+
+    def branched_groups(self, state, params, real, A, nw, t, key, metrics):
+        """`wm.branch_chunks` = k > 0: every WM group is G imagined branches of k chunks from
+        one real state of this step's anchor episodes (an episode and a chunk boundary drawn
+        per group), scored by the success-to-go head; nothing steps the simulator. An anchor
+        group's pairs are the same score of its own episodes: their next k chunks of real
+        actions replayed from the state at one chunk boundary per group, against their real
+        outcome. Returns (r_wm parts, the batch parts of the WM rows): a branch row carries
+        its source episode's real prefix and imagined branch; only the branch's tokens carry
+        loss (and, with `rl.wm_trust_spread`, only its trusted ones)."""
+        st, G = self.st, self.st.group_size
+        H, C, k = st.chunk, st.episode_len // st.chunk, st.branch_chunks
+        h = k * H
+        rng = np.random.default_rng([self.seed, 300, t])
+        wm = state["wm"]
+        rows = np.arange(A * G)
+        ja = np.repeat(rng.integers(0, C - k + 1, A), G)  # one boundary per anchor group
+        t_a = ja * H
+        a_obs = real.obs[rows, t_a]
+        a_act = real.actions[rows[:, None], t_a[:, None] + np.arange(h)]
+        a_mu, a_lv = self.replay_value(
+            wm,
+            jnp.asarray(a_obs),
+            jnp.asarray(a_act),
+            jnp.asarray(t_a, jnp.float32),
+            jnp.asarray(real.task),
+        )
+        a_raw, _ = fused_score(a_mu, a_lv, st.denoised)
+        r_wm = [np.asarray(a_raw, np.float32)]
+        if not nw:
+            return r_wm, ([], [], [], [], [])
+        src = rng.choice(A * G, nw, replace=nw > A * G)
+        jw = rng.integers(0, C - k + 1, nw)
+        src, jw = np.repeat(src, G), np.repeat(jw, G)
+        t_w = jw * H
+        words, task = real.words[src], real.task[src]
+        im = self.imagine_branch(
+            wm,
+            params,
+            jnp.asarray(words),
+            jnp.asarray(task),
+            jnp.asarray(real.obs[src, t_w]),
+            jnp.asarray(t_w, jnp.float32),
+            key,
+        )
+        raw, var = fused_score(im["means"], im["log_vars"], st.denoised)
+        n = nw * G
+        obs = real.obs[src, : st.episode_len : H].copy()
+        acts, logp = real.actions[src].copy(), real.logp[src].copy()
+        mask = np.zeros(acts.shape, np.float32)
+        chunk_rows = np.arange(n)[:, None]
+        obs[chunk_rows, jw[:, None] + np.arange(k)] = np.asarray(im["obs"])
+        tok = t_w[:, None] + np.arange(h)
+        acts[chunk_rows, tok] = np.asarray(im["actions"])
+        logp[chunk_rows, tok] = np.asarray(im["logp"])
+        mask[chunk_rows, tok] = trusted_tokens(np.asarray(im["spread"]), st)
+        metrics.update(
+            wm_trusted_tokens=float(mask[chunk_rows, tok].mean()),
+            imagined_success=float(np.mean(raw)),
+            wm_variance=float(np.mean(var)),
+            branch_start_chunk=float(jw.mean()),
+        )
+        r_wm.append(np.asarray(raw, np.float32))
+        return r_wm, ([obs], [acts], [logp], [words], [mask])
 
     def fine_tune_wm(self, wm, opt, replay, t):
         rng = np.random.default_rng([self.seed, 200, t])

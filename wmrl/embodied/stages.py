@@ -43,6 +43,7 @@ STAGE_FIELDS = {
         "wm.head_hidden",
         "wm.head_inputs",
         "wm.contact_gate",
+        "wm.branch_chunks",
         "wm.policy_rollouts",
         "wm.pretrain_steps",
         "wm.batch_transitions",
@@ -54,7 +55,7 @@ STAGE_FIELDS = {
 
 
 # Fields added after stages were saved: a stage without one was made with this value.
-STAGE_FIELD_DEFAULTS = {"wm.contact_gate": 0.0}
+STAGE_FIELD_DEFAULTS = {"wm.contact_gate": 0.0, "wm.branch_chunks": 0}
 
 
 def validate_embodied_config(config) -> None:
@@ -115,6 +116,13 @@ def validate_embodied_config(config) -> None:
             "config.wm.contact_gate",
             f"a distance in m in [0, 1) (0 = off), got {config.wm.contact_gate}",
         )
+    bc = config.wm.branch_chunks
+    if not isinstance(bc, int) or not 0 <= bc <= T // H:
+        raise ConfigError(
+            "config.wm.branch_chunks",
+            f"chunks per imagined branch, an integer in [0, {T // H}] (the episode's chunks; "
+            f"0 = whole imagined episodes), got {bc!r}",
+        )
     if config.rl.wm_trust_spread < 0:
         raise ConfigError(
             "config.rl.wm_trust_spread",
@@ -173,7 +181,13 @@ def wm_spec(config) -> wmodel.WMSpec:
         push_distance=config.env.push_distance,
         head_inputs=w.head_inputs,
         contact_gate=w.contact_gate,
+        value_head=w.branch_chunks > 0,
     )
+
+
+def value_horizon(config) -> int:
+    """Actions per success-to-go training window: a branch's length (0 = no value head)."""
+    return config.wm.branch_chunks * config.policy.chunk
 
 
 def _field(config, dotted):
@@ -364,6 +378,7 @@ def wm_stage(
             config.wm.batch_transitions,
             config.wm.batch_episodes,
             config.wm.unroll,
+            value_horizon(config),
         )
         params, opt, metrics = step(params, opt, b)
     stage_dir.mkdir(parents=True, exist_ok=True)

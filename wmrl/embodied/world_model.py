@@ -12,6 +12,13 @@ learned dynamics MLP plus a progress/success head.
   open-loop replay of real episodes' actions (`replay`), labelled with the real outcome, so
   the head learns how far to trust its own dynamics.
 
+* Branches (`imagine_branch`, config `wm.branch_chunks` = k > 0, off by default): k chunks
+  imagined with the policy in the loop from a real mid-episode state, scored by a
+  success-to-go head (`value`: a member's imagined state, the instruction and the fraction
+  of the episode left -> success probability, log-variance), trained on the member's own
+  open-loop replay of k-chunk windows of real episodes, labelled with their real outcome
+  (MBPO's short model rollouts branched from real states; docs/embodied.md).
+
 A real episode's WM score (an anchor's pair) is its action sequence replayed open-loop
 through the dynamics from the same start state and scored by the head: WM score and real
 success of the same trajectory.
@@ -51,6 +58,10 @@ class WMSpec:
     # real move, docs/results.md). Without it the one-step-trained dynamics let every block
     # drift ~0.5 cm per chunk, worse than predicting that no block moves.
     contact_gate: float = 0.0
+    # A success-to-go head (`value`): from a member's imagined state, the time left and the
+    # instruction, the probability that the episode ends in success. It scores short branched
+    # imaginations (`imagine_branch`, config `wm.branch_chunks`); None of it exists when off.
+    value_head: bool = False
 
 
 def _dense(key, n_in, n_out):
@@ -72,6 +83,7 @@ PATH_IN = 4 + 4 + 1 + 1 + 2  # along / across at 4 times, max along, max |across
 # The head's inputs: the imagined final state (and the instruction), + the pusher's path, or
 # the instruction and the path only. The variant is read back from the head's input width.
 HEAD_WIDTHS = {"final": HEAD_IN, "final+path": HEAD_IN + PATH_IN, "path": 7 + PATH_IN}
+VALUE_IN = HEAD_IN + 1  # the "final" features of a state and the fraction of the episode left
 
 
 def init_member(key, spec: WMSpec):
@@ -84,10 +96,13 @@ def init_member(key, spec: WMSpec):
     head_in = HEAD_WIDTHS[spec.head_inputs]
     head_params = [_dense(k[3], head_in, hh), _dense(k[4], hh, hh), _dense(k[5], hh, 3)]
     dyn_in = 32 + spec.num_actions + 2
-    return {
+    member = {
         "dyn": [_dense(k[0], dyn_in, h), _dense(k[1], h, h), _dense(k[2], h, 8)],
         "head": head_params,
     }
+    if spec.value_head:
+        member["value"] = [_dense(k[6], VALUE_IN, hh), _dense(k[7], hh, hh), _dense(k[8], hh, 2)]
+    return member
 
 
 def init_wm(spec: WMSpec, seed: int):
@@ -191,6 +206,30 @@ def head(member, feats):
     return jax.nn.sigmoid(out[:, 0]), jnp.clip(out[:, 1], *LOGVAR_RANGE), out[:, 2], out[:, 0]
 
 
+def value_features(state, task_idx, push_distance, time_left):
+    """A state [N, 14] (its constant part holds the blocks' start positions), the task and the
+    fraction of the episode left [N] -> [N, VALUE_IN]."""
+    feats = head_features(state, state, task_idx, push_distance, kind="final")
+    return jnp.concatenate([feats, time_left[:, None]], -1)
+
+
+def value(member, feats):
+    """Success-to-go -> (probability [N], log-variance [N], logit [N])."""
+    out = _mlp(member["value"], feats)
+    return jax.nn.sigmoid(out[:, 0]), jnp.clip(out[:, 1], *LOGVAR_RANGE), out[:, 0]
+
+
+def score_values(params, states, task_idx, push_distance, time_left):
+    """Every member's success-to-go on its own state: states [M, N, 14], time_left [N] ->
+    member means and log-variances [M, N]."""
+
+    def one(member, s):
+        mu, logvar, _ = value(member, value_features(s, task_idx, push_distance, time_left))
+        return mu, logvar
+
+    return jax.vmap(one)(params, states)
+
+
 def replay(params, obs0, actions, velocities, gate: float = 0.0):
     """Every member's open-loop replay of actions [N, T] from obs0 [N, 14] -> (finals
     [M, N, 14], pusher paths [M, N, T, 2])."""
@@ -220,30 +259,24 @@ def score_finals(params, obs0, finals, task_idx, push_distance, paths=None):
     return jax.vmap(one)(params, finals, paths)
 
 
-def imagine(
+def _imagine_chunks(
     wm_params,
     policy_graphdef,
     policy_params,
     words,
-    task_idx,
     obs0,
     key,
     *,
-    chunk: int,
-    episode_len: int,
+    num_chunks,
+    chunk,
     velocities,
-    push_distance: float,
-    temperature: float = 1.0,
-    gate: float = 0.0,
+    temperature,
+    gate,
 ):
-    """Imagined episodes with the policy in the loop (no simulator).
-
-    Returns dict: obs [N, C, 14] (the imagined states the policy acted on, members' mean),
-    spread [N, C] (the members' disagreement on those states: the largest over the blocks of
-    the Euclidean std of a block's position across members, m), actions [N, T], logp [N, T],
-    member means / log-variances [M, N] of success.
-    """
-    num_chunks = episode_len // chunk
+    """The policy in the loop on the members' imagined states for `num_chunks` chunks from
+    obs0 [N, 14] (no simulator). Returns (member final states [M, N, 14], the imagined states
+    the policy read [N, C, 14] (members' mean), their spread [N, C], actions [N, C * H],
+    logp [N, C * H], the members' pusher paths [M, N, C * H, 2])."""
     m = jax.tree.leaves(wm_params)[0].shape[0]
     states0 = jnp.broadcast_to(obs0, (m, *obs0.shape))
 
@@ -268,16 +301,129 @@ def imagine(
     keys = jax.random.split(key, num_chunks)
     finals, (obs, spread, acts, logp, pusher) = jax.lax.scan(chunk_body, states0, keys)
     n = obs0.shape[0]
-    paths = pusher.transpose(1, 3, 0, 2, 4).reshape(m, n, episode_len, 2)  # [M, N, T, 2]
+    paths = pusher.transpose(1, 3, 0, 2, 4).reshape(m, n, num_chunks * chunk, 2)
+    return (
+        finals,
+        obs.transpose(1, 0, 2),
+        spread.T,
+        acts.transpose(1, 0, 2).reshape(n, -1),
+        logp.transpose(1, 0, 2).reshape(n, -1),
+        paths,
+    )
+
+
+def imagine(
+    wm_params,
+    policy_graphdef,
+    policy_params,
+    words,
+    task_idx,
+    obs0,
+    key,
+    *,
+    chunk: int,
+    episode_len: int,
+    velocities,
+    push_distance: float,
+    temperature: float = 1.0,
+    gate: float = 0.0,
+):
+    """Imagined episodes with the policy in the loop (no simulator).
+
+    Returns dict: obs [N, C, 14] (the imagined states the policy acted on, members' mean),
+    spread [N, C] (the members' disagreement on those states: the largest over the blocks of
+    the Euclidean std of a block's position across members, m), actions [N, T], logp [N, T],
+    member means / log-variances [M, N] of success.
+    """
+    finals, obs, spread, acts, logp, paths = _imagine_chunks(
+        wm_params,
+        policy_graphdef,
+        policy_params,
+        words,
+        obs0,
+        key,
+        num_chunks=episode_len // chunk,
+        chunk=chunk,
+        velocities=velocities,
+        temperature=temperature,
+        gate=gate,
+    )
     mu, logvar = score_finals(wm_params, obs0, finals, task_idx, push_distance, paths)
     return {
-        "obs": obs.transpose(1, 0, 2),
-        "spread": spread.T,
-        "actions": acts.transpose(1, 0, 2).reshape(n, -1),
-        "logp": logp.transpose(1, 0, 2).reshape(n, -1),
+        "obs": obs,
+        "spread": spread,
+        "actions": acts,
+        "logp": logp,
         "means": mu,
         "log_vars": logvar,
     }
+
+
+def imagine_branch(
+    wm_params,
+    policy_graphdef,
+    policy_params,
+    words,
+    task_idx,
+    obs_start,
+    t_start,
+    key,
+    *,
+    num_chunks: int,
+    chunk: int,
+    episode_len: int,
+    velocities,
+    push_distance: float,
+    temperature: float = 1.0,
+    gate: float = 0.0,
+):
+    """A short imagined branch (no simulator): `num_chunks` chunks of the policy in the loop
+    from a real state obs_start [N, 14] reached after t_start [N] actions of a real episode,
+    scored by the success-to-go head on each member's imagined state at its end. Same keys as
+    `imagine` (obs / spread / actions / logp cover the branch's chunks only)."""
+    finals, obs, spread, acts, logp, _ = _imagine_chunks(
+        wm_params,
+        policy_graphdef,
+        policy_params,
+        words,
+        obs_start,
+        key,
+        num_chunks=num_chunks,
+        chunk=chunk,
+        velocities=velocities,
+        temperature=temperature,
+        gate=gate,
+    )
+    left = (episode_len - t_start - num_chunks * chunk) / episode_len
+    mu, logvar = score_values(wm_params, finals, task_idx, push_distance, left)
+    return {
+        "obs": obs,
+        "spread": spread,
+        "actions": acts,
+        "logp": logp,
+        "means": mu,
+        "log_vars": logvar,
+    }
+
+
+def replay_value(
+    params,
+    obs_start,
+    actions,
+    t_start,
+    task_idx,
+    *,
+    episode_len,
+    velocities,
+    push_distance,
+    gate: float = 0.0,
+):
+    """A real episode's actions [N, h] from its real state obs_start [N, 14] after t_start [N]
+    actions, replayed open-loop through every member and scored by the success-to-go head:
+    an anchor's pair for `imagine_branch` (member means and log-variances [M, N])."""
+    finals, _ = replay(params, obs_start, actions, velocities, gate)
+    left = (episode_len - t_start - actions.shape[1]) / episode_len
+    return score_values(params, finals, task_idx, push_distance, left)
 
 
 def wm_loss(params, batch, velocities, push_distance, gate: float = 0.0):
@@ -311,7 +457,21 @@ def wm_loss(params, batch, velocities, push_distance, gate: float = 0.0):
         bce = jnp.mean(optax.sigmoid_binary_cross_entropy(logit, y))
         nll = jnp.mean(0.5 * (logvar + jnp.square(y - jax.lax.stop_gradient(mu)) / jnp.exp(logvar)))
         prog = jnp.mean(jnp.square(progress - b["ep_progress"]))
-        return dyn + bce + 0.1 * nll + 0.1 * prog, {"dyn_mse": dyn, "head_bce": bce}
+        loss, out = dyn + bce + 0.1 * nll + 0.1 * prog, {"dyn_mse": dyn, "head_bce": bce}
+        if "value" in member and "v_obs" in b:
+            # Success-to-go on the member's own open-loop replay of a real window (what a
+            # branch's end state is), labelled with that episode's real outcome.
+            v_final, _ = jax.lax.scan(body, b["v_obs"], b["v_actions"].T)
+            vf = value_features(v_final, b["v_task"], push_distance, b["v_left"])
+            v_mu, v_logvar, v_logit = value(member, vf)
+            vy = b["v_success"]
+            v_bce = jnp.mean(optax.sigmoid_binary_cross_entropy(v_logit, vy))
+            v_nll = jnp.mean(
+                0.5 * (v_logvar + jnp.square(vy - jax.lax.stop_gradient(v_mu)) / jnp.exp(v_logvar))
+            )
+            loss = loss + v_bce + 0.1 * v_nll
+            out["value_bce"] = v_bce
+        return loss, out
 
     losses, metrics = jax.vmap(one)(params, batch)
     return losses.sum(), jax.tree.map(jnp.mean, metrics)
@@ -338,17 +498,22 @@ def make_batch(
     transitions: int,
     episodes: int,
     unroll: int = 1,
+    value_horizon: int = 0,
 ):
     """Bootstrap draws (one per member) of `unroll`-step windows and whole episodes from
     `data` (numpy: obs [E, T+1, 14], actions [E, T], task [E], success [E], progress [E]).
-    Windows: obs [M, n, 14] at the start, action [M, n, K], next_obs [M, n, K, 14]."""
+    Windows: obs [M, n, 14] at the start, action [M, n, K], next_obs [M, n, K, 14].
+    `value_horizon` h > 0 adds the success-to-go head's windows (one per whole-episode draw):
+    v_obs [M, e, 14] a real state, v_actions [M, e, h] the actions that follow it, v_left
+    [M, e] the fraction of the episode left after them, v_task, v_success."""
     n_ep, T = data["actions"].shape
     k = min(unroll, T)
     ei = rng.integers(0, n_ep, (members, transitions))
     ti = rng.integers(0, T - k + 1, (members, transitions))
     steps = ti[..., None] + np.arange(k)
     ej = rng.integers(0, n_ep, (members, episodes))
-    return {
+    out = {} if value_horizon <= 0 else _value_windows(rng, data, members, episodes, value_horizon)
+    return out | {
         "obs": data["obs"][ei, ti],
         "action": data["actions"][ei[..., None], steps],
         "next_obs": data["obs"][ei[..., None], steps + 1],
@@ -357,6 +522,21 @@ def make_batch(
         "ep_task": data["task"][ej],
         "ep_success": data["success"][ej],
         "ep_progress": data["progress"][ej],
+    }
+
+
+def _value_windows(rng, data, members, episodes, h):
+    n_ep, T = data["actions"].shape
+    h = min(h, T)
+    ev = rng.integers(0, n_ep, (members, episodes))
+    tv = rng.integers(0, T - h + 1, (members, episodes))
+    steps = tv[..., None] + np.arange(h)
+    return {
+        "v_obs": data["obs"][ev, tv],
+        "v_actions": data["actions"][ev[..., None], steps],
+        "v_left": ((T - tv - h) / T).astype(np.float32),
+        "v_task": data["task"][ev],
+        "v_success": data["success"][ev],
     }
 
 
