@@ -32,8 +32,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mode = "wmrl"  # real | wm_only | debias_only | denoise_only | wmrl | constant_wm
     c.obs = "state"  # the only variant implemented (no images)
     c.init_dir = ""  # shared stages ('' = <workdir>/init)
-    # Held-out success that defines real_episodes_to_target (warm start 0.377; `real` reached it
-    # in 320, 640 and 960 real episodes on three seeds, docs/results.md).
+    # Held-out success that defines real_episodes_to_target (warm start 0.363; `real` reached it
+    # in 384, 256 and 640 real episodes on three seeds, docs/results.md 2026-12-02).
     c.target_success = 0.45
 
     c.env = ml_collections.ConfigDict()
@@ -76,11 +76,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.wm = ml_collections.ConfigDict()
     c.wm.num_members = 4
+    # Learned dynamics: object (a kinematic pusher map and one block MLP gated by the pusher's
+    # swept path, trained under the square's symmetries) | mlp (one MLP of the whole state, the
+    # earlier default, whose imagined blocks drift); docs/embodied.md.
+    c.wm.dynamics = "object"
     c.wm.hidden = 128
     c.wm.head_hidden = 64
     # What the success head reads: the imagined final state (final), + the imagined pusher
-    # path (final+path), or the instruction and the path only (path); docs/embodied.md.
-    c.wm.head_inputs = "path"
+    # path (final+path), or the instruction and the path only (path; the best with the `mlp`
+    # dynamics, whose imagined blocks drift); docs/embodied.md.
+    c.wm.head_inputs = "final"
     # Contact gate (m, 0 = off): an imagined block moves only while the pusher or another block
     # is this close (docs/embodied.md, docs/results.md 2026-12-01 imagination vs simulator).
     c.wm.contact_gate = 0.0
@@ -90,14 +95,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.wm.branch_chunks = 0
     c.wm.policy_rollouts = 192  # real BC-policy episodes for WM pretraining (counted)
     c.wm.pretrain_steps = 800
-    c.wm.batch_transitions = 256  # training windows per member and step
-    # Actions per training window: the dynamics loss is a K-step open-loop unroll. K=8 took 3x
-    # longer and left the within-group AUC where K=1 has it (0.48 on 24 groups; docs/embodied.md).
-    c.wm.unroll = 1
+    c.wm.batch_transitions = 512  # training windows per member and step
+    # Actions per training window: the dynamics loss is a K-step open-loop unroll. With the
+    # object dynamics K=4 keeps the pusher 1 mm off over an episode where K=1 drifts 6 mm (the
+    # servo's lag telescopes over a window, not over one step); docs/results.md 2026-12-02.
+    c.wm.unroll = 4
     c.wm.batch_episodes = 64
     c.wm.learning_rate = 1e-3
     c.wm.online_learning_rate = 3e-4
-    c.wm.online_steps = 4  # per RL step, on the replay of real episodes
+    # Per RL step, on the replay of real episodes. 16 keeps the WM up with the policy: at 4 the
+    # policy drifted into what the WM imagined wrong and `wmrl` fell back to 0.40 by step 40
+    # on one seed (3 seeds: final 0.436 at 4, 0.473 at 16; docs/results.md 2026-12-02).
+    c.wm.online_steps = 16
     c.wm.replay_size = 2048
 
     c.rl = ml_collections.ConfigDict()
@@ -114,13 +123,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # this much (m, largest block std across members) on the state the policy read; 0 = all.
     c.rl.wm_trust_spread = 0.0
     c.rl.normalize_std = True
-    c.rl.eval_every = 5
+    # Every 2 steps: `real` spends 64 real episodes a step, so its episodes to the target are
+    # known to 128 (at 5: to 320, which flattered any mode with fewer episodes per step).
+    c.rl.eval_every = 2
     c.rl.eval_episodes = 300  # held-out real episodes per evaluation (SE <= 0.03)
     c.rl.eval_greedy = False
     c.rl.checkpoint_every = 5
 
     c.correction = ml_collections.ConfigDict()
-    c.correction.rho = 0.25  # anchor groups per step: 2 of 8
+    # Anchor groups per step: 1 of 8 (the paper's default fraction is 0.10). At 0.25 (2 of 8,
+    # 3 seeds): target at 149 real episodes on average, final 0.473; at 0.125: 117, final 0.462
+    # (docs/results.md 2026-12-02).
+    c.correction.rho = 0.125
     c.correction.min_groups = 1
     c.correction.debias = "monotone"  # the paper's map (keys = task would cancel in a group)
     c.correction.min_pairs = 64
@@ -146,6 +160,7 @@ def tiny(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.wm.hidden = 32
     c.wm.head_hidden = 16
     c.wm.online_steps = 1
+    c.wm.batch_transitions = 64
     c.rl.steps = 2
     c.rl.groups_per_step = 4
     c.rl.group_size = 4

@@ -62,6 +62,8 @@ def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6, cost_s=0.0):
             "imagined_success": 0.5,
             "imagined_success_calibrated": 0.45,
             "bias_reduction": 0.1,
+            "wm_stream_corr": 0.1 * i,
+            "wm_groups_flat": 0.25,
         }
         for i in range(4)
     ]
@@ -92,6 +94,8 @@ def test_benchmark_json_on_finished_runs(tmp_path):
     lo, hi = res["final_heldout_success"]["wmrl"]["ci95"]
     assert lo <= 0.48 <= hi
     assert res["wm_diagnostics"]["anchor_auc_by_quarter"] == pytest.approx([0.6] * 4)
+    assert res["wm_diagnostics"]["wm_stream_corr_by_quarter"] == pytest.approx([0, 0.1, 0.2, 0.3])
+    assert res["wm_diagnostics"]["wm_groups_flat_by_quarter"] == pytest.approx([0.25] * 4)
     # the goal: 750 / 225 = 3.3 >= 3 and wmrl's final 0.48 >= real's 0.465
     assert res["goal"]["met"] and res["goal"]["ratio"] == pytest.approx(750 / 225)
     assert res["goal"]["final_wmrl_minus_real"] == pytest.approx(0.48 - 0.465)

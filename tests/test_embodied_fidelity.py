@@ -91,7 +91,8 @@ def test_contact_gate_moves_only_touched_blocks():
     np.testing.assert_array_equal(
         np.asarray(wmodel.contact_mask(jnp.asarray(obs), 0.06)), [[1, 1, 0, 0, 0, 0]]
     )
-    member = jax.tree.map(lambda x: x[0], wmodel.init_wm(wmodel.WMSpec(num_members=1), 0))
+    spec = wmodel.WMSpec(num_members=1, dynamics="mlp")
+    member = jax.tree.map(lambda x: x[0], wmodel.init_wm(spec, 0))
     vel = jnp.asarray(scene.EnvSpec().velocities())
     a = jnp.asarray([3])
     free = np.asarray(wmodel.dyn_step(member, jnp.asarray(obs), a, vel))

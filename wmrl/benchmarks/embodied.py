@@ -84,13 +84,18 @@ def make_config(args_tiny, steps, mode, seed, init_dir, target, cost_s=0.0):
 
 def wm_diagnostics(workdir: Path, runs: list[str]) -> dict:
     """Within-group AUC of WM scores vs real success on the anchors, imagined vs real success
-    over training (in quarters), bias reduction; means over the given runs."""
+    over training (in quarters), bias reduction, the WM stream's within-group rank agreement
+    with real success on the anchors (`wm_stream_corr`, the core's) and the fraction of WM
+    groups whose calibrated scores are all equal (no GRPO signal); means over the given runs
+    (a key a run did not log, e.g. one made before it existed, is None there)."""
     quarters = {
         "anchor_auc": [],
         "imagined_success": [],
         "imagined_success_calibrated": [],
         "real_success": [],
         "bias_reduction": [],
+        "wm_stream_corr": [],
+        "wm_groups_flat": [],
     }
     for name in runs:
         recs = [json.loads(x) for x in (workdir / name / "metrics.jsonl").read_text().splitlines()]

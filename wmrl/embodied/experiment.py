@@ -47,7 +47,12 @@ def _flat(d, prefix=""):
 
 
 # Config fields added after runs were saved: a run without one was made with this value.
-LEGACY_DEFAULTS = {"wm.contact_gate": 0.0, "rl.wm_trust_spread": 0.0, "wm.branch_chunks": 0}
+LEGACY_DEFAULTS = {
+    "wm.contact_gate": 0.0,
+    "rl.wm_trust_spread": 0.0,
+    "wm.branch_chunks": 0,
+    "wm.dynamics": "mlp",
+}
 
 
 def config_differences(saved: dict, config) -> list[str]:
@@ -126,6 +131,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
             stages.value_horizon(config),
         ),
         replay_size=config.wm.replay_size,
+        wm_symmetries=stages.wm_symmetries(config, spec.velocities()),
     )
     template = rl.init_rl_state(st, bc_params, wm_params, policy_tx, wm_tx)
     eval_starts = rollout.sample_starts(
@@ -229,6 +235,10 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
         if r.get("anchor_auc") == r.get("anchor_auc") and r.get("anchor_auc") is not None
     ]
     reds = [r["bias_reduction"] for r in steps if "bias_reduction" in r]
+    corrs = [
+        r["wm_stream_corr"] for r in steps if r.get("wm_stream_corr") == r.get("wm_stream_corr")
+    ]
+    corrs = [c for c in corrs if c is not None]
     summary = {
         "experiment": "embodied",
         "mode": config.mode,
@@ -266,6 +276,7 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
         ],
         "wm_anchor_auc_mean": float(np.mean(aucs)) if aucs else None,
         "bias_reduction_mean": float(np.mean(reds)) if reds else None,
+        "wm_stream_corr_mean": float(np.mean(corrs)) if corrs else None,
         "expert_success": demo_rep["expert_success"],
         "bc": {k: v for k, v in bc_rep.items() if k != "config"},
         "wm_pretrain": {k: v for k, v in wm_rep.items() if k != "config"} if wm_rep else None,

@@ -211,6 +211,7 @@ class Trainer:
     wm_online_steps: int
     wm_batch: tuple[int, int, int, int]  # windows, episodes, unroll, value horizon
     replay_size: int
+    wm_symmetries: tuple | None = None  # `world_model.square_symmetries` (object dynamics)
 
     def __post_init__(self):
         self.velocities = jnp.asarray(self.pool.spec.velocities())
@@ -386,9 +387,12 @@ class Trainer:
                 bias_before=float(stats["residual_before"]),
                 bias_reduction=float(stats["bias_reduction"]),
                 calibrated=bool(stats["calibrated"]),
+                wm_stream_corr=float(stats["wm_stream_corr"]),
+                wm_stream_collapsed_groups=int(stats["wm_stream_collapsed_groups"]),
             )
             if nw:
                 metrics["imagined_success_calibrated"] = float(np.mean(cal[A * G :]))
+                metrics["wm_groups_flat"] = flat_fraction(cal[A * G :], G)
         batch = {
             "words": jnp.asarray(np.concatenate(parts_words)),
             "obs": jnp.asarray(np.concatenate(parts_obs)),
@@ -499,9 +503,15 @@ class Trainer:
         m = jax.tree.leaves(wm)[0].shape[0]
         out = {}
         for _ in range(self.wm_online_steps):
-            b = wmodel.make_batch(rng, replay, m, *self.wm_batch)
+            b = wmodel.make_batch(rng, replay, m, *self.wm_batch, self.wm_symmetries)
             wm, opt, out = self.wm_step(wm, opt, b)
         return wm, opt, {f"wm_{k}": float(v) for k, v in out.items()}
+
+
+def flat_fraction(rewards: np.ndarray, group_size: int) -> float:
+    """Fraction of groups whose G rewards are all equal (no GRPO signal: zero advantages)."""
+    g = np.asarray(rewards).reshape(-1, group_size)
+    return float((g.max(1) - g.min(1) <= 1e-7).mean())
 
 
 def trusted_tokens(spread: np.ndarray, st: RLStatics) -> np.ndarray:

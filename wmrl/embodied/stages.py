@@ -39,6 +39,7 @@ STAGE_FIELDS = {
         "demos",
         "policy",
         "wm.num_members",
+        "wm.dynamics",
         "wm.hidden",
         "wm.head_hidden",
         "wm.head_inputs",
@@ -55,7 +56,7 @@ STAGE_FIELDS = {
 
 
 # Fields added after stages were saved: a stage without one was made with this value.
-STAGE_FIELD_DEFAULTS = {"wm.contact_gate": 0.0, "wm.branch_chunks": 0}
+STAGE_FIELD_DEFAULTS = {"wm.contact_gate": 0.0, "wm.branch_chunks": 0, "wm.dynamics": "mlp"}
 
 
 def validate_embodied_config(config) -> None:
@@ -111,10 +112,21 @@ def validate_embodied_config(config) -> None:
             "config.wm.head_inputs",
             f"must be one of {list(wmodel.HEAD_WIDTHS)}, got {config.wm.head_inputs!r}",
         )
+    if config.wm.dynamics not in wmodel.DYNAMICS:
+        raise ConfigError(
+            "config.wm.dynamics",
+            f"must be one of {list(wmodel.DYNAMICS)}, got {config.wm.dynamics!r}",
+        )
     if not 0.0 <= config.wm.contact_gate < 1.0:
         raise ConfigError(
             "config.wm.contact_gate",
             f"a distance in m in [0, 1) (0 = off), got {config.wm.contact_gate}",
+        )
+    if config.wm.contact_gate > 0 and config.wm.dynamics != "mlp":
+        raise ConfigError(
+            "config.wm.contact_gate",
+            f"applies to wm.dynamics='mlp' only (the {config.wm.dynamics!r} dynamics gate every "
+            "block by the pusher's swept path); set it to 0",
         )
     bc = config.wm.branch_chunks
     if not isinstance(bc, int) or not 0 <= bc <= T // H:
@@ -182,7 +194,15 @@ def wm_spec(config) -> wmodel.WMSpec:
         head_inputs=w.head_inputs,
         contact_gate=w.contact_gate,
         value_head=w.branch_chunks > 0,
+        dynamics=w.dynamics,
     )
+
+
+def wm_symmetries(config, velocities) -> tuple[np.ndarray, np.ndarray] | None:
+    """The object dynamics train under the square's symmetries (`world_model.make_batch`)."""
+    if config.wm.dynamics != "object":
+        return None
+    return wmodel.square_symmetries(np.asarray(velocities))
 
 
 def value_horizon(config) -> int:
@@ -369,6 +389,7 @@ def wm_stage(
     opt = tx.init(params)
     step = wmodel.make_train_step(tx, velocities, config.env.push_distance, config.wm.contact_gate)
     brng = np.random.default_rng([config.seed, 4])
+    symmetries = wm_symmetries(config, pool.spec.velocities())
     metrics = {}
     for _ in range(steps):
         b = wmodel.make_batch(
@@ -379,6 +400,7 @@ def wm_stage(
             config.wm.batch_episodes,
             config.wm.unroll,
             value_horizon(config),
+            symmetries,
         )
         params, opt, metrics = step(params, opt, b)
     stage_dir.mkdir(parents=True, exist_ok=True)

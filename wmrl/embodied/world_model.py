@@ -3,7 +3,18 @@ learned dynamics MLP plus a progress/success head.
 
 * Dynamics: (state, action token) -> next state (the 8 moving coordinates; the blocks' start
   positions are constant). Trained on one-step transitions of real episodes, each member on
-  its own bootstrap draw of the batch, so the members stay diverse.
+  its own bootstrap draw of the batch, so the members stay diverse. Two variants
+  (`WMSpec.dynamics`, config `wm.dynamics`):
+  - `object` (the default): the pusher moves by a learned linear map of the commanded
+    velocity, and one MLP shared by the three blocks predicts a block's move from where the
+    pusher is relative to it, the pusher's move and the two other blocks' offsets; a block
+    moves only when the pusher's swept path passes within `SWEPT_CONTACT` of it (or it
+    touches a block that does). Trained with the scene's 8 symmetries of the square (the
+    cubes start axis-aligned and the action grid is square), so every transition counts 8
+    times. Open-loop over a whole episode: named block 2.6 cm off, other blocks 0.6 cm, pusher
+    1 mm (docs/results.md, 2026-12-02).
+  - `mlp`: one MLP of the whole state and the action token (the earlier default; its blocks
+    drift ~0.5 cm per chunk, worse than predicting that nothing moves).
 * Imagination (`imagine`): from an episode's start state, the policy acts on the imagined
   state (the members' mean) every H actions, and every member advances its own state with
   the shared actions. **Nothing here steps the simulator.**
@@ -62,6 +73,8 @@ class WMSpec:
     # instruction, the probability that the episode ends in success. It scores short branched
     # imaginations (`imagine_branch`, config `wm.branch_chunks`); None of it exists when off.
     value_head: bool = False
+    # The dynamics' variant: object | mlp (module docstring). Read back from the params' shape.
+    dynamics: str = "object"
 
 
 def _dense(key, n_in, n_out):
@@ -84,6 +97,15 @@ PATH_IN = 4 + 4 + 1 + 1 + 2  # along / across at 4 times, max along, max |across
 # the instruction and the path only. The variant is read back from the head's input width.
 HEAD_WIDTHS = {"final": HEAD_IN, "final+path": HEAD_IN + PATH_IN, "path": 7 + PATH_IN}
 VALUE_IN = HEAD_IN + 1  # the "final" features of a state and the fraction of the episode left
+DYNAMICS = ("object", "mlp")
+# Object dynamics, per block: its offset from the pusher (2), the pusher's move (2), the two
+# other blocks' offsets from it, nearest first (4), the distance of the pusher's swept path (1).
+OBJ_IN = 9
+# A block's centre within this distance of the segment the pusher sweeps in one action can be
+# touched (half a cube's diagonal 2.8 cm + the pusher's radius 1.5 cm, + 0.7 cm of margin).
+SWEPT_CONTACT = 0.05
+# A gated-in block can move a block whose centre is this close (a cube's side, 4 cm, + margin).
+BLOCK_CONTACT = 0.06
 
 
 def init_member(key, spec: WMSpec):
@@ -95,11 +117,18 @@ def init_member(key, spec: WMSpec):
         raise ValueError(f"wm.head_inputs: one of {list(HEAD_WIDTHS)}, got {spec.head_inputs!r}")
     head_in = HEAD_WIDTHS[spec.head_inputs]
     head_params = [_dense(k[3], head_in, hh), _dense(k[4], hh, hh), _dense(k[5], hh, 3)]
-    dyn_in = 32 + spec.num_actions + 2
-    member = {
-        "dyn": [_dense(k[0], dyn_in, h), _dense(k[1], h, h), _dense(k[2], h, 8)],
-        "head": head_params,
-    }
+    if spec.dynamics not in DYNAMICS:
+        raise ValueError(f"wm.dynamics: one of {list(DYNAMICS)}, got {spec.dynamics!r}")
+    if spec.dynamics == "object":
+        dyn = [_dense(k[0], OBJ_IN, h), _dense(k[1], h, h), _dense(k[2], h, 2)]
+        # The pusher's move over one action, a linear map of the commanded velocity (learned;
+        # starts at zero: nothing about the action's duration is built in).
+        pusher = {"w": jnp.zeros((2, 2)), "b": jnp.zeros((2,))}
+        member = {"dyn": dyn, "pusher": pusher, "head": head_params}
+    else:
+        dyn_in = 32 + spec.num_actions + 2
+        dyn = [_dense(k[0], dyn_in, h), _dense(k[1], h, h), _dense(k[2], h, 8)]
+        member = {"dyn": dyn, "head": head_params}
     if spec.value_head:
         member["value"] = [_dense(k[6], VALUE_IN, hh), _dense(k[7], hh, hh), _dense(k[8], hh, 2)]
     return member
@@ -120,9 +149,57 @@ def contact_mask(obs, radius: float):
     return jnp.repeat(touched.astype(obs.dtype), 2, axis=-1)
 
 
+def dynamics_kind(member) -> str:
+    """A member's `WMSpec.dynamics` variant, from its params."""
+    return "object" if "pusher" in member else "mlp"
+
+
+def segment_distance(points, a, b):
+    """Distance of points [..., 2] from the segments a -> b [..., 2]."""
+    ab = b - a
+    t = ((points - a) * ab).sum(-1) / jnp.maximum((ab * ab).sum(-1), 1e-12)
+    nearest = a + jnp.clip(t, 0.0, 1.0)[..., None] * ab
+    return jnp.linalg.norm(points - nearest, axis=-1)
+
+
+def object_step(member, obs, action, velocities):
+    """The `object` dynamics: obs [N, 14], action [N] -> next obs [N, 14]."""
+    n = obs.shape[0]
+    v = velocities[action]
+    move = v @ member["pusher"]["w"] + member["pusher"]["b"]  # [N, 2]
+    pusher = obs[:, 0:2]
+    nxt = pusher + move
+    blocks = obs[:, 2:8].reshape(n, 3, 2)
+    swept = segment_distance(blocks, pusher[:, None], nxt[:, None])  # [N, 3]
+    # The other two blocks of each block (cyclic order), their offsets and distances from it.
+    o1, o2 = blocks[:, (1, 2, 0)] - blocks, blocks[:, (2, 0, 1)] - blocks  # [N, 3, 2]
+    d1, d2 = jnp.linalg.norm(o1, axis=-1), jnp.linalg.norm(o2, axis=-1)
+    direct = swept < SWEPT_CONTACT
+    chained = ((d1 < BLOCK_CONTACT) & direct[:, (1, 2, 0)]) | (
+        (d2 < BLOCK_CONTACT) & direct[:, (2, 0, 1)]
+    )
+    touched = (direct | chained).astype(obs.dtype)
+    first = (d1 <= d2)[..., None]  # nearest first
+    others = jnp.concatenate([jnp.where(first, o1, o2), jnp.where(first, o2, o1)], -1)
+    feats = jnp.concatenate(
+        [
+            (blocks - pusher[:, None]) * pol.OBS_SCALE,
+            jnp.broadcast_to(move[:, None] * 5 * pol.OBS_SCALE, (n, 3, 2)),
+            jnp.clip(others, -0.1, 0.1) * pol.OBS_SCALE,
+            swept[..., None] * pol.OBS_SCALE,
+        ],
+        -1,
+    )
+    delta = MAX_MOVE * jnp.tanh(_mlp(member["dyn"], feats) / 3.0) * touched[..., None]
+    moved = jnp.concatenate([nxt, (blocks + delta).reshape(n, 6)], -1)
+    return obs.at[:, :8].set(jnp.clip(moved, -TABLE, TABLE))
+
+
 def dyn_step(member, obs, action, velocities, gate: float = 0.0):
-    """One member, obs [N, 14], action [N] -> next obs [N, 14] (residual on the moving part;
-    `gate` > 0: the contact gate of `WMSpec.contact_gate`)."""
+    """One member, obs [N, 14], action [N] -> next obs [N, 14] (the member's variant, see the
+    module docstring; `gate` > 0: the `mlp` variant's contact gate, `WMSpec.contact_gate`)."""
+    if dynamics_kind(member) == "object":
+        return object_step(member, obs, action, velocities)
     feats = pol.object_features(obs).reshape(obs.shape[0], -1)
     onehot = jax.nn.one_hot(action, velocities.shape[0])
     x = jnp.concatenate([feats, onehot, velocities[action] * 5.0], -1)
@@ -499,10 +576,12 @@ def make_batch(
     episodes: int,
     unroll: int = 1,
     value_horizon: int = 0,
+    symmetries: tuple[np.ndarray, np.ndarray] | None = None,
 ):
     """Bootstrap draws (one per member) of `unroll`-step windows and whole episodes from
     `data` (numpy: obs [E, T+1, 14], actions [E, T], task [E], success [E], progress [E]).
-    Windows: obs [M, n, 14] at the start, action [M, n, K], next_obs [M, n, K, 14].
+    Windows: obs [M, n, 14] at the start, action [M, n, K], next_obs [M, n, K, 14]; with
+    `symmetries` (`square_symmetries`), each window is seen under one of them, drawn.
     `value_horizon` h > 0 adds the success-to-go head's windows (one per whole-episode draw):
     v_obs [M, e, 14] a real state, v_actions [M, e, h] the actions that follow it, v_left
     [M, e] the fraction of the episode left after them, v_task, v_success."""
@@ -513,16 +592,54 @@ def make_batch(
     steps = ti[..., None] + np.arange(k)
     ej = rng.integers(0, n_ep, (members, episodes))
     out = {} if value_horizon <= 0 else _value_windows(rng, data, members, episodes, value_horizon)
-    return out | {
+    windows = {
         "obs": data["obs"][ei, ti],
         "action": data["actions"][ei[..., None], steps],
         "next_obs": data["obs"][ei[..., None], steps + 1],
-        "ep_obs0": data["obs"][ej, 0],
-        "ep_actions": data["actions"][ej],
-        "ep_task": data["task"][ej],
-        "ep_success": data["success"][ej],
-        "ep_progress": data["progress"][ej],
     }
+    if symmetries is not None:
+        mats, action_maps = symmetries
+        g = rng.integers(0, len(mats), (members, transitions))
+        windows = {
+            "obs": transform_points(windows["obs"], mats[g]),
+            "action": action_maps[g[..., None], windows["action"]],
+            "next_obs": transform_points(windows["next_obs"], mats[g][:, :, None]),
+        }
+    return (
+        out
+        | windows
+        | {
+            "ep_obs0": data["obs"][ej, 0],
+            "ep_actions": data["actions"][ej],
+            "ep_task": data["task"][ej],
+            "ep_success": data["success"][ej],
+            "ep_progress": data["progress"][ej],
+        }
+    )
+
+
+def square_symmetries(velocities: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 rotations and reflections of the square, as 2x2 matrices [8, 2, 2], and for each
+    the action tokens they map to [8, A] (the action grid is square, so each maps onto it).
+    The scene is symmetric under them: the table is square, the cubes start axis-aligned, a
+    transformed cube is a cube (its yaw, unobserved, transforms too)."""
+    mats = []
+    for c, s in ((1, 0), (0, 1), (-1, 0), (0, -1)):
+        rot = np.asarray([[c, -s], [s, c]], np.float32)
+        mats += [rot, rot @ np.diag([1.0, -1.0]).astype(np.float32)]
+    mats = np.stack(mats)
+    moved = np.einsum("gij,aj->gai", mats, velocities)  # [8, A, 2]
+    dist = np.linalg.norm(moved[:, :, None] - velocities[None, None], axis=-1)
+    action_maps = dist.argmin(-1).astype(np.int32)
+    if dist.min(-1).max() > 1e-6:
+        raise ValueError("the action grid is not symmetric under the square's rotations")
+    return mats, action_maps
+
+
+def transform_points(obs: np.ndarray, mats: np.ndarray) -> np.ndarray:
+    """obs [..., 14] (7 xy points) mapped by mats [..., 2, 2] (broadcast over the points)."""
+    pts = obs.reshape(*obs.shape[:-1], 7, 2)
+    return np.einsum("...ij,...pj->...pi", mats, pts).reshape(obs.shape).astype(obs.dtype)
 
 
 def _value_windows(rng, data, members, episodes, h):
