@@ -25,6 +25,12 @@ def test_to_target_and_budget_by_hand():
     assert bench.to_target(curve, 0.45, "wall_time_s") == (9.0, True)
     assert bench.to_target(curve, 0.9, "real_episodes") == (200, False)  # censored: the total
     assert bench.success_at_budget(curve, 150) == 0.4
+    # 135 of 300 successes is the target 0.45, also as a float32 mean stored in a run
+    at = [{"heldout_success": float(np.float32(135) / np.float32(300)), "real_episodes": 64}]
+    assert at[0]["heldout_success"] < 0.45
+    assert bench.to_target(at, 0.45, "real_episodes") == (64, True)
+    below = [{"heldout_success": 134 / 300, "real_episodes": 64}]
+    assert bench.to_target(below, 0.45, "real_episodes") == (64, False)
 
 
 def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6, cost_s=0.0):

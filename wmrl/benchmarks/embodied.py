@@ -58,7 +58,7 @@ def to_target(curve, target, key):
     """(value at the first evaluation at or above target, reached?); never reached: the
     run's total (a lower bound, flagged)."""
     for e in curve:
-        if e["heldout_success"] >= target:
+        if experiment.reached(e["heldout_success"], target):
             return e[key], True
     return curve[-1][key], False
 
