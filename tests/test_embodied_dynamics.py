@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from configs import embodied_push
+from tests.embodied_helpers import stage_saved_without
 from wmrl.config_errors import ConfigError
 from wmrl.embodied import env as scene
 from wmrl.embodied import stages
@@ -200,12 +201,7 @@ def test_stages_and_runs_saved_before_the_field_are_mlp(tmp_path):
     from wmrl.embodied import experiment
 
     c = embodied_push.get_config("tiny")
-    stage = tmp_path / "wm"
-    stage.mkdir()
-    stages.finish_stage(stage, c, {"x": 1})
-    saved = json.loads((stage / "done.json").read_text())
-    del saved["config"]["wm.dynamics"]
-    (stage / "done.json").write_text(json.dumps(saved))
+    stage = stage_saved_without(tmp_path / "wm", c, "wm.dynamics")
     with pytest.raises(ConfigError, match=r"wm\.dynamics"):
         stages.stage_done(stage, c)  # an old stage is the mlp one, not this config's object
     c.wm.dynamics = "mlp"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from configs import embodied_push
+from tests.embodied_helpers import stage_saved_without
 from wmrl.config_errors import ConfigError
 from wmrl.embodied import env as scene
 from wmrl.embodied import fidelity, rollout, stages
@@ -104,12 +105,8 @@ def test_contact_gate_moves_only_touched_blocks():
 
 def test_a_stage_saved_before_the_contact_gate_loads_with_the_gate_off(tmp_path):
     c = embodied_push.get_config("tiny")
-    stage = tmp_path / "wm"
-    stage.mkdir()
-    stages.finish_stage(stage, c, {"x": 1})
-    saved = json.loads((stage / "done.json").read_text())
-    del saved["config"]["wm.contact_gate"]
-    (stage / "done.json").write_text(json.dumps(saved))
+    c.wm.dynamics = "mlp"  # the gate's variant
+    stage = stage_saved_without(tmp_path / "wm", c, "wm.contact_gate")
     assert stages.stage_done(stage, c)["x"] == 1
     c.wm.contact_gate = 0.07
     with pytest.raises(ConfigError, match=r"wm\.contact_gate"):

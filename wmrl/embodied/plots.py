@@ -37,6 +37,8 @@ def plot_run(plot_dir: Path, records: list[dict], target: float) -> None:
         ax[0].plot(x, [r.get("imagined_success_calibrated") for r in steps], label="calibrated")
         ax[1].plot(x, [r.get("anchor_auc") for r in steps], label="within-group AUC")
         ax[1].plot(x, [r.get("bias_reduction") for r in steps], label="bias reduction")
+        corr = [r.get("wm_stream_corr") for r in steps]
+        ax[1].plot(x, [float("nan") if c is None else c for c in corr], label="wm_stream_corr")
     ax[0].set_xlabel("RL step")
     ax[1].set_xlabel("RL step")
     for a in ax:

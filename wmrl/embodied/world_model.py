@@ -11,8 +11,8 @@ learned dynamics MLP plus a progress/success head.
     moves only when the pusher's swept path passes within `SWEPT_CONTACT` of it (or it
     touches a block that does). Trained with the scene's 8 symmetries of the square (the
     cubes start axis-aligned and the action grid is square), so every transition counts 8
-    times. Open-loop over a whole episode: named block 2.6 cm off, other blocks 0.6 cm, pusher
-    1 mm (docs/results.md, 2026-12-02).
+    times. Open-loop over a whole episode of the BC policy: named block 2.7-3.1 cm off, other
+    blocks 0.8-0.9 cm, pusher 1 mm (docs/results.md, 2026-12-02).
   - `mlp`: one MLP of the whole state and the action token (the earlier default; its blocks
     drift ~0.5 cm per chunk, worse than predicting that nothing moves).
 * Imagination (`imagine`): from an episode's start state, the policy acts on the imagined
@@ -73,7 +73,8 @@ class WMSpec:
     # instruction, the probability that the episode ends in success. It scores short branched
     # imaginations (`imagine_branch`, config `wm.branch_chunks`); None of it exists when off.
     value_head: bool = False
-    # The dynamics' variant: object | mlp (module docstring). Read back from the params' shape.
+    # The dynamics' variant: object | mlp (module docstring). Read back from the params (an
+    # `object` member has a pusher map), as `head_kind` reads the head's inputs.
     dynamics: str = "object"
 
 
