@@ -76,9 +76,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.wm = ml_collections.ConfigDict()
     c.wm.num_members = 4
-    # Learned dynamics: object (a kinematic pusher map and one block MLP gated by the pusher's
-    # swept path, trained under the square's symmetries) | mlp (one MLP of the whole state, the
-    # earlier default, whose imagined blocks drift); docs/embodied.md.
+    # Learned dynamics: object (a learned pusher map and one block MLP gated by the pusher's
+    # swept path, trained under the square's symmetries) | mlp (one MLP of the whole state, whose
+    # imagined blocks drift). The runs before 2026-12-02 used mlp with head_inputs="path",
+    # unroll=1, batch_transitions=256, online_steps=4, correction.rho=0.25, rl.eval_every=5;
+    # docs/embodied.md.
     c.wm.dynamics = "object"
     c.wm.hidden = 128
     c.wm.head_hidden = 64
@@ -86,8 +88,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # path (final+path), or the instruction and the path only (path; the best with the `mlp`
     # dynamics, whose imagined blocks drift); docs/embodied.md.
     c.wm.head_inputs = "final"
-    # Contact gate (m, 0 = off): an imagined block moves only while the pusher or another block
-    # is this close (docs/embodied.md, docs/results.md 2026-12-01 imagination vs simulator).
+    # Contact gate of the `mlp` dynamics (m, 0 = off): an imagined block moves only while the
+    # pusher or another block is this close (docs/results.md 2026-12-01 imagination vs
+    # simulator). The `object` dynamics gate by the pusher's swept path instead.
     c.wm.contact_gate = 0.0
     # Branched imagination (chunks, 0 = off): a WM group is G imagined branches of this many
     # chunks from one real state of the step's anchor episodes, scored by a success-to-go head

@@ -44,9 +44,12 @@ def test_value_windows_by_hand():
 
 
 def _still(wm):
-    """The WM with its dynamics' last layer zeroed: nothing moves in imagination."""
+    """The WM with its dynamics' last layer (and the object dynamics' pusher map) zeroed:
+    nothing moves in imagination."""
     wm = jax.tree.map(lambda x: x, wm)
     wm["dyn"][-1] = jax.tree.map(jnp.zeros_like, wm["dyn"][-1])
+    if "pusher" in wm:
+        wm["pusher"] = jax.tree.map(jnp.zeros_like, wm["pusher"])
     return wm
 
 

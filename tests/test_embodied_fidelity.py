@@ -63,6 +63,7 @@ def test_a_still_world_model_has_the_no_move_errors():
     graphdef, params = pol.init_policy(stages.policy_spec(c), 0)
     wm = wmodel.init_wm(stages.wm_spec(c), 1)
     wm["dyn"][-1] = jax.tree.map(jnp.zeros_like, wm["dyn"][-1])
+    wm["pusher"] = jax.tree.map(jnp.zeros_like, wm["pusher"])  # the object dynamics' map
     spec = stages.env_spec(c)
     train, _ = stages.tasks_of(c)
     starts = rollout.sample_starts(np.random.default_rng(1), train, 2, spec, repeat=4)

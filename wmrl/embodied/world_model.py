@@ -2,8 +2,9 @@
 learned dynamics MLP plus a progress/success head.
 
 * Dynamics: (state, action token) -> next state (the 8 moving coordinates; the blocks' start
-  positions are constant). Trained on one-step transitions of real episodes, each member on
-  its own bootstrap draw of the batch, so the members stay diverse. Two variants
+  positions are constant). Trained on K-action windows of real episodes (`wm.unroll`, an
+  open-loop unroll loss), each member on its own bootstrap draw of the batch, so the members
+  stay diverse. Two variants
   (`WMSpec.dynamics`, config `wm.dynamics`):
   - `object` (the default): the pusher moves by a learned linear map of the commanded
     velocity, and one MLP shared by the three blocks predicts a block's move from where the
@@ -59,15 +60,18 @@ class WMSpec:
     head_hidden: int = 64
     num_actions: int = 25
     push_distance: float = 0.10
-    # The head also reads the imagined pusher path (in the named block's frame): where the
-    # pusher was at each quarter of the episode, how far it went along and across the push,
-    # how close it came to the other blocks. The pusher's path is what the dynamics imagines
-    # well (~6 mm error over an episode), the blocks' final positions are not (~4 cm).
-    head_inputs: str = "path"  # final | final+path | path (see HEAD_WIDTHS)
-    # Contact gate (m; 0 = off): a block's imagined move is zeroed unless the pusher or another
-    # block is within this distance of it (a block only moves when touched; 7 cm covers every
-    # real move, docs/results.md). Without it the one-step-trained dynamics let every block
-    # drift ~0.5 cm per chunk, worse than predicting that no block moves.
+    # What the head reads (see HEAD_WIDTHS): the imagined final state (`final`, the config's
+    # default, the best with the `object` dynamics), + the imagined pusher path in the named
+    # block's frame (`final+path`), or the path alone (`path`: where the pusher was at each
+    # quarter of the episode, how far it went along and across the push, how close it came to
+    # the other blocks; the best with the `mlp` dynamics, whose blocks drift ~4 cm while the
+    # pusher's path is ~6 mm off). The stage always passes the config's value.
+    head_inputs: str = "path"
+    # Contact gate (`mlp` dynamics only; m, 0 = off): a block's imagined move is zeroed unless
+    # the pusher or another block is within this distance of it (a block only moves when
+    # touched; 7 cm covers every real move, docs/results.md). Without it the one-step-trained
+    # dynamics let every block drift ~0.5 cm per chunk, worse than predicting that no block
+    # moves.
     contact_gate: float = 0.0
     # A success-to-go head (`value`): from a member's imagined state, the time left and the
     # instruction, the probability that the episode ends in success. It scores short branched
@@ -507,8 +511,9 @@ def replay_value(
 def wm_loss(params, batch, velocities, push_distance, gate: float = 0.0):
     """Per-member losses; batch arrays carry a leading member axis (bootstrap draws).
 
-    dynamics: MSE of the scaled one-step delta; head: BCE on success, Gaussian NLL of the
-    log-variance around the (stopped) mean, MSE on progress, on the member's own replay.
+    dynamics: MSE of the scaled states along a K-action open-loop unroll from a real state;
+    head: BCE on success, Gaussian NLL of the log-variance around the (stopped) mean, MSE on
+    progress, on the member's own replay.
     """
 
     def one(member, b):
