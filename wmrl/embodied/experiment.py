@@ -245,10 +245,8 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
         if r.get("anchor_auc") == r.get("anchor_auc") and r.get("anchor_auc") is not None
     ]
     reds = [r["bias_reduction"] for r in steps if "bias_reduction" in r]
-    corrs = [
-        r["wm_stream_corr"] for r in steps if r.get("wm_stream_corr") == r.get("wm_stream_corr")
-    ]
-    corrs = [c for c in corrs if c is not None]
+    corrs = [r.get("wm_stream_corr") for r in steps]  # None in `real`, NaN when undefined
+    corrs = [c for c in corrs if c is not None and c == c]
     summary = {
         "experiment": "embodied",
         "mode": config.mode,
