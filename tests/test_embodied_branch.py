@@ -179,6 +179,9 @@ def branched_run(tmp_path_factory):
     return c, summary, batches, env_steps
 
 
+# The branched run is `slow` (an off-by-default option; ~35 s with its fixture); the fast suite
+# keeps the branch's start state and score by hand above.
+@pytest.mark.slow
 def test_a_branched_step_trains_the_branch_tokens_on_a_real_prefix(branched_run):
     c, summary, batches, env_steps = branched_run
     G, H, T = c.rl.group_size, c.policy.chunk, c.env.episode_len
@@ -207,6 +210,7 @@ def test_a_branched_step_trains_the_branch_tokens_on_a_real_prefix(branched_run)
         assert tok[-1] < T
 
 
+@pytest.mark.slow
 def test_the_branch_probe_executes_what_the_trainer_imagines(branched_run):
     c = branched_run[0]
     init = Path(c.init_dir)

@@ -52,6 +52,9 @@ def uninterrupted(flags, tmp_path_factory):
     return wd
 
 
+# `slow` (~45 s: a killed run and its rerun); the fast suite keeps the corrupt-checkpoint
+# fallback below and the resumed tiny runs of tests/test_rl_e2e.py and test_embodied_e2e.py.
+@pytest.mark.slow
 def test_sigkill_then_rerun_equals_uninterrupted_run(flags, uninterrupted, tmp_path):
     wd = tmp_path / "killed"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
