@@ -16,6 +16,22 @@ def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_agreement():
     assert bench.bootstrap_ci([]) is None
 
 
+def test_difference_interval_by_hand_and_against_the_normal_approximation():
+    # no spread in either mode: the difference is exact
+    assert bench.bootstrap_diff_ci([0.5, 0.5], [0.4, 0.4, 0.4]) == pytest.approx([0.1, 0.1])
+    assert bench.bootstrap_diff_ci([], [0.4]) is None
+    assert bench.bootstrap_diff_ci([0.5, None], [0.4]) == pytest.approx([0.1, 0.1])
+    # many seeds: the percentile interval approaches mean difference +- 1.96 x its standard
+    # error, sqrt(var_a / n_a + var_b / n_b) (population variances: the bootstrap's)
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(0.47, 0.03, 200), rng.normal(0.49, 0.02, 300)
+    se = np.sqrt(a.var() / len(a) + b.var() / len(b))
+    d = a.mean() - b.mean()
+    lo, hi = bench.bootstrap_diff_ci(a, b, reps=20000)
+    assert lo == pytest.approx(d - 1.96 * se, abs=0.15 * se)
+    assert hi == pytest.approx(d + 1.96 * se, abs=0.15 * se)
+
+
 def test_to_target_and_budget_by_hand():
     curve = [
         {"heldout_success": s, "real_episodes": e, "wall_time_s": w}
@@ -105,6 +121,8 @@ def test_benchmark_json_on_finished_runs(tmp_path):
     # the goal: 750 / 225 = 3.3 >= 3 and wmrl's final 0.48 >= real's 0.465
     assert res["goal"]["met"] and res["goal"]["ratio"] == pytest.approx(750 / 225)
     assert res["goal"]["final_wmrl_minus_real"] == pytest.approx(0.48 - 0.465)
+    lo, hi = res["goal"]["final_wmrl_minus_real_ci95"]
+    assert lo <= 0.48 - 0.465 <= hi
     assert "modelled_robot_time_to_target_s" not in res  # no latency declared
     assert res["real_episode_cost_s"] == 0.0 and "not a robot's" in res["cost_note"]
     json.dumps(res)  # serialisable
