@@ -38,8 +38,13 @@ format: setup
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+# Test files run in parallel, one worker per core up to 4 (pytest-xdist; each file stays on one
+# worker, so its module fixtures are built once). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: lint setup-test
-	$(PY) -m pytest -m "not slow" -q --durations=25
+	$(PY) -m pytest -m "not slow" -q --durations=25 $(XDIST)
 
 test-slow: setup-test
 	$(PY) -m pytest -m slow -q

@@ -38,6 +38,8 @@ def rl_shared(tmp_path_factory):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the cache is shared
+        return  # by all workers, and the controller removes it when every worker is done
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
     if os.path.basename(cache).startswith("wmrl-jax-cache-"):
         import shutil
