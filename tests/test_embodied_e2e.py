@@ -108,6 +108,35 @@ def test_within_group_auc_by_hand():
     assert n == 2 and auc == pytest.approx((0.875 + 0.5) / 2)
 
 
+def test_replay_keeps_the_latest_episodes_first_in_first_out():
+    """`wm.replay_size` bounds the WM's online data: the oldest episodes (the demos, then the
+    BC rollouts, then old anchors) leave first, in order."""
+    from wmrl.embodied import rollout
+
+    def eps(ids):
+        n = len(ids)
+        obs = np.zeros((n, 3, 14), np.float32)
+        obs[:, :, 0] = np.asarray(ids, np.float32)[:, None]
+        return rollout.Episodes(
+            words=np.zeros((n, 5), np.int32),
+            task=np.zeros(n, np.int32),
+            obs=obs,
+            actions=np.zeros((n, 2), np.int32),
+            logp=np.zeros((n, 2), np.float32),
+            success=np.asarray([i % 2 for i in ids], np.float32),
+        )
+
+    old = eps([0, 1, 2])
+    replay = {"obs": old.obs, "actions": old.actions, "task": old.task, "success": old.success}
+    replay["progress"] = np.zeros(3, np.float32)
+    out = rl.add_to_replay(replay, eps([3, 4, 5, 6]), size=5, push_distance=0.1)
+    np.testing.assert_array_equal(out["obs"][:, 0, 0], [2, 3, 4, 5, 6])
+    np.testing.assert_array_equal(out["success"], [0, 1, 0, 1, 0])
+    assert all(len(v) == 5 for v in out.values())
+    out = rl.add_to_replay(replay, eps([3]), size=5, push_distance=0.1)
+    np.testing.assert_array_equal(out["obs"][:, 0, 0], [0, 1, 2, 3])
+
+
 # ----------------------------------------------------------------------------- core imported
 
 

@@ -107,6 +107,14 @@ def test_bad_input_names_the_field():
     c.wm.head_inputs = "images"
     with pytest.raises(ConfigError, match=r"config\.wm\.head_inputs.*images"):
         stages.validate_embodied_config(c)
+    c = embodied_push.get_config()
+    c.wm.replay_size = 0
+    with pytest.raises(ConfigError, match=r"config\.wm\.replay_size.*integer >= 1.*got 0"):
+        stages.validate_embodied_config(c)
+    c = embodied_push.get_config()
+    c.wm.online_steps = -1
+    with pytest.raises(ConfigError, match=r"config\.wm\.online_steps.*integer >= 0"):
+        stages.validate_embodied_config(c)
 
 
 def test_default_heldout_evaluation_has_a_standard_error_of_at_most_0_03():

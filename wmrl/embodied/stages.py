@@ -128,6 +128,10 @@ def validate_embodied_config(config) -> None:
             f"applies to wm.dynamics='mlp' only (the {config.wm.dynamics!r} dynamics gate every "
             "block by the pusher's swept path); set it to 0",
         )
+    for name in ("replay_size", "online_steps"):
+        v, low = config.wm[name], 1 if name == "replay_size" else 0
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ConfigError(f"config.wm.{name}", f"an integer >= {low}, got {v!r}")
     bc = config.wm.branch_chunks
     if not isinstance(bc, int) or not 0 <= bc <= T // H:
         raise ConfigError(
