@@ -110,6 +110,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # policy drifted into what the WM imagined wrong and `wmrl` fell back to 0.40 by step 40
     # on one seed (3 seeds: final 0.436 at 4, 0.473 at 16; docs/results.md 2026-12-02).
     c.wm.online_steps = 16
+    # Real episodes the WM trains on online (first in, first out; the demos and BC rollouts
+    # come first). 256 (the latest only, after 32 steps just the anchors) removed the WM's level
+    # bias but not its within-group order: final 0.471 vs 0.468 over 10 seeds, below `real` on
+    # fresh ones (docs/results.md 2026-12-03).
     c.wm.replay_size = 2048
 
     c.rl = ml_collections.ConfigDict()
