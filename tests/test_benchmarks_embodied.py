@@ -139,3 +139,22 @@ def test_goal_not_met_and_declared_latency(tmp_path):
     assert res["modelled_robot_time_to_target_s"]["real"]["mean"] == pytest.approx(600 * 20.0)
     assert res["modelled_robot_time_to_target_s"]["wmrl"]["mean"] == pytest.approx(180 * 20.0)
     assert "a model, not a measurement" in res["cost_note"]
+
+
+def test_a_finished_run_with_another_config_is_refused_not_reused(tmp_path):
+    """--steps=80 over a folder of finished 40-step runs must not report them as 80-step
+    ones: the benchmark refuses, naming the field. A copied folder (another init_dir in the
+    saved config) is still reused."""
+    from wmrl.config_errors import ConfigError
+
+    for m in bench.MAIN_MODES:
+        wd = tmp_path / f"{m}_s0"
+        fake_run(wd, [0.3, 0.46], [0, 300], 900 if m == "wmrl" else 0)
+        saved = bench.make_config(False, 0, m, 0, "/elsewhere/init", -1.0)
+        (wd / "config.json").write_text(saved.to_json_best_effort())
+    res = bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0)
+    assert res["final_heldout_success"]["real"]["per_seed"] == [0.46]
+    with pytest.raises(ConfigError, match=r"real_s0 holds a run with a different.*rl\.steps"):
+        bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, steps=80)
+    with pytest.raises(ConfigError, match=r"target_success"):
+        bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, target=0.5)

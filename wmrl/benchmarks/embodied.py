@@ -7,7 +7,8 @@
 The stages (expert demos, BC, WM pretraining) are built once in `<workdir>/init` and shared
 by every run; seeds differ in policy sampling, task order and routing (`config.rl.seed`), and
 every run is evaluated on the same held-out start states. A finished run (its summary.json) is
-reused, so an interrupted benchmark continues where it stopped.
+reused, so an interrupted benchmark continues where it stopped; a run saved with another config
+(say `--steps=80` over 40-step runs) is refused, naming the fields, never reported as this one.
 
 Cost is counted in real (simulator) episodes, what a robot would pay; the WM's pretraining
 rollouts of the BC policy are real episodes too and are reported next to the ratio (with and
@@ -154,11 +155,14 @@ def run_benchmark(
     for mode, seed in plan:
         name = f"{mode}_s{seed}"
         wd = workdir / name
+        config = make_config(tiny, steps, mode, seed, init, target, real_episode_cost_s)
+        # A finished run is reused only if it was made with this config (e.g. --steps=80 over
+        # 40-step runs is refused, naming rl.steps). Not `init_dir`: the stages are always
+        # <workdir>/init, so a copied or moved benchmark folder carries its own.
+        experiment.check_resumable(config, wd, ignore=("init_dir",))
         if (wd / "summary.json").exists():
             summaries[name] = json.loads((wd / "summary.json").read_text())
         else:
-            config = make_config(tiny, steps, mode, seed, init, target, real_episode_cost_s)
-            experiment.check_resumable(config, wd)
             wd.mkdir(parents=True, exist_ok=True)
             (wd / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
             summaries[name] = experiment.run(config, wd)

@@ -61,12 +61,13 @@ def config_differences(saved: dict, config) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-def check_resumable(config, workdir) -> None:
-    """A workdir holding a run with another config is refused, naming the fields."""
+def check_resumable(config, workdir, ignore: tuple[str, ...] = ()) -> None:
+    """A workdir holding a run with another config is refused, naming the fields (those in
+    `ignore`, flat names like `init_dir`, are not compared)."""
     saved = Path(workdir) / "config.json"
     if not saved.exists():
         return
-    diff = config_differences(json.loads(saved.read_text()), config)
+    diff = [k for k in config_differences(json.loads(saved.read_text()), config) if k not in ignore]
     if diff:
         raise ConfigError(
             "config",
