@@ -35,27 +35,28 @@ MAIN_MODES = ("real", "wmrl")
 ABLATIONS = ("wm_only", "debias_only", "denoise_only", "constant_wm")
 
 
+def _resampled_means(values, rng, reps: int) -> np.ndarray | None:
+    """`reps` bootstrap means of the non-None values (None if there are none)."""
+    v = np.asarray([x for x in values if x is not None], float)
+    return v[rng.integers(0, len(v), (reps, len(v)))].mean(1) if len(v) else None
+
+
+def _interval(draws: np.ndarray) -> list[float]:
+    return [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
+
+
 def bootstrap_ci(values, reps: int = 10000, seed: int = 0) -> list[float] | None:
     """95% percentile-bootstrap interval of the mean over seeds."""
-    v = np.asarray([x for x in values if x is not None], float)
-    if len(v) == 0:
-        return None
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, len(v), (reps, len(v)))].mean(1)
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+    means = _resampled_means(values, np.random.default_rng(seed), reps)
+    return None if means is None else _interval(means)
 
 
 def bootstrap_diff_ci(a, b, reps: int = 10000, seed: int = 0) -> list[float] | None:
     """95% percentile-bootstrap interval of mean(a) - mean(b), each mode's seeds resampled on
     their own (the modes' seeds are separate runs, not pairs)."""
-    a = np.asarray([x for x in a if x is not None], float)
-    b = np.asarray([x for x in b if x is not None], float)
-    if len(a) == 0 or len(b) == 0:
-        return None
     rng = np.random.default_rng(seed)
-    d = a[rng.integers(0, len(a), (reps, len(a)))].mean(1)
-    d -= b[rng.integers(0, len(b), (reps, len(b)))].mean(1)
-    return [float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5))]
+    ma, mb = _resampled_means(a, rng, reps), _resampled_means(b, rng, reps)
+    return None if ma is None or mb is None else _interval(ma - mb)
 
 
 def stat(values) -> dict:

@@ -128,8 +128,8 @@ def validate_embodied_config(config) -> None:
             f"applies to wm.dynamics='mlp' only (the {config.wm.dynamics!r} dynamics gate every "
             "block by the pusher's swept path); set it to 0",
         )
-    for name in ("replay_size", "online_steps"):
-        v, low = config.wm[name], 1 if name == "replay_size" else 0
+    for name, low in (("replay_size", 1), ("online_steps", 0)):
+        v = config.wm[name]
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise ConfigError(f"config.wm.{name}", f"an integer >= {low}, got {v!r}")
     bc = config.wm.branch_chunks
