@@ -10,12 +10,14 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import embodied_push
+from wmrl.config_errors import ConfigError
 from wmrl.core import correct, debias, denoise, grpo, routing
-from wmrl.embodied import experiment, rl
+from wmrl.embodied import experiment, rl, stages
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "constant_wm")
@@ -228,6 +230,64 @@ def test_each_mode_passes_its_row_of_the_shared_mode_table():
         want = correct.MODE_SPECS["static_anchors" if mode == "constant_wm" else mode]
         assert spec is want, mode
     assert rl.MODE_SPECS["constant_wm"].constant and not rl.MODE_SPECS["wmrl"].constant
+
+
+def test_fused_score_by_hand():
+    means = np.asarray([[0.2, 1.0], [0.8, 0.0]], np.float32)  # [M=2, N=2]
+    log_vars = np.log(np.asarray([[0.1, 1.0], [0.3, 1.0]], np.float32))
+    mu, var = rl.fused_score(jnp.asarray(means), jnp.asarray(log_vars), True)
+    # inverse variance: (0.2/0.1 + 0.8/0.3) / (1/0.1 + 1/0.3) = 0.35, v = 1/(10 + 10/3) = 0.075
+    np.testing.assert_allclose(mu, [0.35, 0.5], rtol=1e-5)
+    np.testing.assert_allclose(var, [0.075, 0.5], rtol=1e-5)
+    mu, var = rl.fused_score(jnp.asarray(means), jnp.asarray(log_vars), False)
+    np.testing.assert_allclose(mu, [0.5, 0.5], rtol=1e-6)  # the members' mean
+    np.testing.assert_allclose(var, [0.1, 0.5], rtol=1e-5)  # mean variance / M
+
+
+def test_sample_fusion_resolves_by_mode_and_bad_values_name_the_field():
+    want = {"wmrl": "inverse_variance", "denoise_only": "inverse_variance", "real": "mean"}
+    want |= {"wm_only": "mean", "debias_only": "mean", "constant_wm": "mean"}
+    assert {m: rl.resolve_fusion("auto", m) for m in MODES} == want
+    assert {rl.resolve_fusion(f, m) for m in MODES for f in ("mean",)} == {"mean"}
+    c = embodied_push.get_config("tiny")
+    c.correction.sample_fusion = "median"
+    with pytest.raises(ConfigError, match=r"config\.correction\.sample_fusion.*'median'"):
+        stages.validate_embodied_config(c)
+
+
+def test_a_run_saved_with_auto_fusion_resumes_under_what_auto_meant():
+    for mode, same in (("wmrl", "inverse_variance"), ("debias_only", "mean")):
+        c = embodied_push.get_config("tiny")
+        c.mode = mode
+        saved = json.loads(c.to_json_best_effort())
+        del saved["correction"]["sample_fusion"]  # saved before the field: auto
+        for fusion in ("auto", same):
+            c.correction.sample_fusion = fusion
+            assert experiment.config_differences(saved, c) == [], (mode, fusion)
+        c.correction.sample_fusion = "mean" if same == "inverse_variance" else "inverse_variance"
+        assert experiment.config_differences(saved, c) == ["correction.sample_fusion"]
+
+
+def test_sample_fusion_decides_whether_the_members_are_fused(runs, monkeypatch, tmp_path):
+    """Observed in a 1-step run: `wmrl` with `mean` never calls the core's fusion, and
+    `debias_only` with `inverse_variance` fuses every anchor and imagined episode with it."""
+    root, _ = runs
+    calls = []
+    real_fuse = denoise.fuse_ensemble
+
+    def spy(means, log_vars, axis=0):
+        calls.append(means.shape)
+        return real_fuse(means, log_vars, axis=axis)
+
+    monkeypatch.setattr(denoise, "fuse_ensemble", spy)
+    for mode, fusion, fused in (("wmrl", "mean", False), ("debias_only", "inverse_variance", True)):
+        calls.clear()
+        c = tiny(root / "init", mode=mode, rl__steps=1, correction__sample_fusion=fusion)
+        s = experiment.run(c, tmp_path / mode)
+        assert s["wm_episodes"] > 0
+        # anchors (replayed) and imagined episodes, [M, episodes] each, or nothing
+        n = sum(shape[1] for shape in calls)
+        assert n == (s["real_episodes"] + s["wm_episodes"] if fused else 0), (mode, calls)
 
 
 # ----------------------------------------------------------------------------- resume

@@ -52,12 +52,23 @@ LEGACY_DEFAULTS = {
     "rl.wm_trust_spread": 0.0,
     "wm.branch_chunks": 0,
     "wm.dynamics": "mlp",
+    "correction.sample_fusion": "auto",
 }
 
 
+def _resolved(flat: dict) -> dict:
+    """Compared by what a field does: `correction.sample_fusion` resolved for the mode (a run
+    saved with `auto` resumes under the value `auto` resolves to)."""
+    if "correction.sample_fusion" in flat and flat.get("mode") in rl.MODE_SPECS:
+        flat["correction.sample_fusion"] = rl.resolve_fusion(
+            flat["correction.sample_fusion"], flat["mode"]
+        )
+    return flat
+
+
 def config_differences(saved: dict, config) -> list[str]:
-    a = {**LEGACY_DEFAULTS, **_flat(saved)}
-    b = _flat(json.loads(config.to_json_best_effort()))
+    a = _resolved({**LEGACY_DEFAULTS, **_flat(saved)})
+    b = _resolved(_flat(json.loads(config.to_json_best_effort())))
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 

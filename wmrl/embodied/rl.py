@@ -11,7 +11,8 @@ One RL step (DESIGN.md 3, embodied):
      imagined k-chunk branches from one real state of this step's anchor episodes
      (`Trainer.branched_groups`), scored by the success-to-go head.
   4. Raw WM score per episode: members fused by inverse variance
-     (`wmrl.core.denoise.fuse_ensemble`, modes denoise_only / wmrl) or averaged.
+     (`wmrl.core.denoise.fuse_ensemble`) or averaged, as `correction.sample_fusion` says
+     (`auto`: fused in the denoising modes, denoise_only / wmrl, averaged in the others).
   5. The correction is the shared one, `wmrl.core.correct.correct_rewards` (the AutoResearch
      trainer's; it calls `wmrl.core.correct.correct`, the bandits' too) with the mode's row of
      `wmrl.core.correct.MODE_SPECS`: Online Debiasing, the anchor pairs folded into the
@@ -69,6 +70,7 @@ class RLStatics:
     contact_gate: float
     wm_trust_spread: float
     branch_chunks: int
+    sample_fusion: str
     routing: routing.RoutingConfig
     debias: debias.DebiasConfig
     denoise: denoise.DenoiseConfig
@@ -82,14 +84,26 @@ class RLStatics:
         return self.spec.uses_wm
 
     @property
-    def denoised(self):
-        return self.spec.denoise
+    def fused(self) -> bool:
+        """Whether the WM members are fused by inverse variance (else averaged)."""
+        return resolve_fusion(self.sample_fusion, self.mode) == "inverse_variance"
 
     @property
     def anchor_group_count(self) -> int:
         if not self.uses_wm:
             return self.groups
         return int(routing.num_anchor_groups(self.groups, self.groups, self.routing))
+
+
+SAMPLE_FUSIONS = ("auto", "inverse_variance", "mean")
+
+
+def resolve_fusion(sample_fusion: str, mode: str) -> str:
+    """`correction.sample_fusion` for a mode: `auto` is the mode's row (inverse variance in
+    the denoising modes, the members' mean in the others); the other values are themselves."""
+    if sample_fusion == "auto":
+        return "inverse_variance" if MODE_SPECS[mode].denoise else "mean"
+    return sample_fusion
 
 
 def statics_from_config(config) -> RLStatics:
@@ -109,6 +123,7 @@ def statics_from_config(config) -> RLStatics:
         contact_gate=config.wm.contact_gate,
         wm_trust_spread=config.rl.wm_trust_spread,
         branch_chunks=config.wm.branch_chunks,
+        sample_fusion=config.correction.sample_fusion,
         routing=routing.RoutingConfig(rho=cc.rho, min_groups=cc.min_groups),
         debias=debias.DebiasConfig(
             mode=cc.debias if MODE_SPECS[config.mode].debias else "none",
@@ -339,7 +354,7 @@ class Trainer:
             a_mu, a_lv = self.replay_score(
                 wm, jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), jnp.asarray(real.task)
             )
-            a_raw, _ = fused_score(a_mu, a_lv, st.denoised)
+            a_raw, _ = fused_score(a_mu, a_lv, st.fused)
             r_wm = [np.asarray(a_raw, np.float32)]
             if nw:
                 wstarts = pick(groups_wm)
@@ -349,7 +364,7 @@ class Trainer:
                 im = self.imagine(
                     wm, params, jnp.asarray(words), jnp.asarray(task), jnp.asarray(obs0), k_wm
                 )
-                raw, var = fused_score(im["means"], im["log_vars"], st.denoised)
+                raw, var = fused_score(im["means"], im["log_vars"], st.fused)
                 parts_obs.append(np.asarray(im["obs"]))
                 parts_act.append(np.asarray(im["actions"]))
                 parts_logp.append(np.asarray(im["logp"]))
@@ -460,7 +475,7 @@ class Trainer:
             jnp.asarray(t_a, jnp.float32),
             jnp.asarray(real.task),
         )
-        a_raw, _ = fused_score(a_mu, a_lv, st.denoised)
+        a_raw, _ = fused_score(a_mu, a_lv, st.fused)
         r_wm = [np.asarray(a_raw, np.float32)]
         if not nw:
             return r_wm, ([], [], [], [], [])
@@ -478,7 +493,7 @@ class Trainer:
             jnp.asarray(t_w, jnp.float32),
             key,
         )
-        raw, var = fused_score(im["means"], im["log_vars"], st.denoised)
+        raw, var = fused_score(im["means"], im["log_vars"], st.fused)
         n = nw * G
         obs = real.obs[src, : st.episode_len : H].copy()
         acts, logp = real.actions[src].copy(), real.logp[src].copy()

@@ -24,6 +24,7 @@ from wmrl.config_errors import ConfigError
 from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import env as scene
 from wmrl.embodied import policy as pol
+from wmrl.embodied import rl as erl
 from wmrl.embodied import rollout
 from wmrl.embodied import world_model as wmodel
 
@@ -106,6 +107,11 @@ def validate_embodied_config(config) -> None:
             "config.correction.debias",
             f"only 'monotone' applies here (a group shares one task), got "
             f"{config.correction.debias!r}",
+        )
+    if config.correction.sample_fusion not in erl.SAMPLE_FUSIONS:
+        raise ConfigError(
+            "config.correction.sample_fusion",
+            f"must be one of {list(erl.SAMPLE_FUSIONS)}, got {config.correction.sample_fusion!r}",
         )
     if config.wm.head_inputs not in wmodel.HEAD_WIDTHS:
         raise ConfigError(
