@@ -46,7 +46,8 @@ from wmrl.embodied import world_model as wmodel
 
 # The shared table's rows (`wmrl.core.correct.MODE_SPECS`); `constant_wm` is its constant-score
 # control (the spec of `static_anchors`, whose static check does not exist here). A denoising
-# mode also fuses the WM members by inverse variance (sample level, DESIGN.md 3.5).
+# mode also fuses the WM members by inverse variance (sample level, DESIGN.md 3.5) unless
+# `correction.sample_fusion` says otherwise (`resolve_fusion`).
 WMRL_MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
 MODE_SPECS = {
     **{m: correct.MODE_SPECS[m] for m in WMRL_MODES},
