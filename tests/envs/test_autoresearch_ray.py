@@ -52,6 +52,13 @@ def task(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def roomy_task(tmp_path_factory):
+    """For scripts that must end by themselves: the default tasks' 60 s (the memory bomb's
+    reclaim near the cgroup cap outlasted the tiny task's 3 s in a CI run)."""
+    return make_tiny_task(tmp_path_factory.mktemp("tasks") / "roomy", time_limit_s=60.0)
+
+
+@pytest.fixture(scope="module")
 def ray_pool(cluster):
     with RayExecutor(1, address=cluster.address, **LIMITS) as p:
         yield p
@@ -391,7 +398,8 @@ def run_adversarial(pool, task, names, labels) -> dict:
     return {n: f.result() for n, f in futs.items()}
 
 
-def test_adversarial_scripts_are_contained_on_ray_nodes(ray_pool, task):
+def test_adversarial_scripts_are_contained_on_ray_nodes(ray_pool, roomy_task):
+    task = roomy_task
     labels = labels_paths(ray_pool, task)
     cache_on_every_node(ray_pool, task, labels)  # on this machine, outside the sandbox
     got = run_adversarial(ray_pool, task, FAST_ADVERSARIAL, labels)
