@@ -13,7 +13,9 @@ workdir resumes (finished stages are loaded, RL continues from its latest checkp
 
 Stages (under `<workdir>/init`, or `init_dir` to share them between runs): expert demos ->
 behaviour cloning -> world-model pretraining (demos + real rollouts of the BC policy) -> RL
-with held-out evaluation by real rollouts. Observations: state-only (`obs = "state"`).
+with held-out evaluation by real rollouts. Observations: `obs = "state"` (the default) or
+`"image"` (top-down images drawn from the state; docs/embodied.md says which variant each
+result used).
 
 Cost is counted in real episodes (what a robot pays); `env.real_episode_cost_s` declares a
 per-episode latency for the modelled robot time in summary.json (nothing sleeps).
@@ -30,11 +32,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.experiment = "embodied"
     c.seed = 0
     c.mode = "wmrl"  # real | wm_only | debias_only | denoise_only | wmrl | constant_wm
-    c.obs = "state"  # the only variant implemented (no images)
+    # state: the policy reads the objects' xy. image (VLA-style): it sees the blocks only in
+    # two top-down RGB images drawn from the state (first frame, current frame; `image`
+    # below) plus the pusher's own xy. The world model imagines states either way.
+    c.obs = "state"
     c.init_dir = ""  # shared stages ('' = <workdir>/init)
     # Held-out success that defines real_episodes_to_target (warm start 0.363; `real` reached it
     # in 384, 256 and 640 real episodes on three seeds, docs/results.md 2026-12-02).
     c.target_success = 0.45
+
+    c.image = ml_collections.ConfigDict()  # read only with obs = "image"
+    c.image.pixels = 32  # side of each image (1.9 cm per pixel over the 60 cm square)
+    c.image.patch = 8  # side of a patch token: 16 patch tokens per image pair
+    c.image.extent = 0.3  # half-width of the drawn square (m), centred on the table
 
     c.env = ml_collections.ConfigDict()
     c.env.colours = ("red", "green", "blue")  # the scene's blocks

@@ -84,9 +84,10 @@ def success_at_budget(curve, budget):
     return ok[-1]["heldout_success"]
 
 
-def make_config(args_tiny, steps, mode, seed, init_dir, target, cost_s=0.0):
+def make_config(args_tiny, steps, mode, seed, init_dir, target, cost_s=0.0, obs="state"):
     c = load_config_file(CONFIG_FILE, "tiny" if args_tiny else None)
     c.mode = mode
+    c.obs = obs
     c.env.real_episode_cost_s = float(cost_s)
     c.rl.seed = seed
     c.init_dir = str(init_dir)
@@ -144,6 +145,7 @@ def run_benchmark(
     tiny=False,
     ablations=ABLATIONS,
     real_episode_cost_s=0.0,
+    obs="state",
 ) -> dict:
     workdir = Path(workdir)
     init = workdir / "init"
@@ -156,7 +158,7 @@ def run_benchmark(
     for mode, seed in plan:
         name = f"{mode}_s{seed}"
         wd = workdir / name
-        config = make_config(tiny, steps, mode, seed, init, target, real_episode_cost_s)
+        config = make_config(tiny, steps, mode, seed, init, target, real_episode_cost_s, obs)
         # A finished run is reused only if it was made with this config (e.g. --steps=80 over
         # 40-step runs is refused, naming rl.steps). Not `init_dir`: the stages are always
         # <workdir>/init, so a copied or moved benchmark folder carries its own.
@@ -183,7 +185,7 @@ def run_benchmark(
     budget = min(s["real_episodes"] for s in by_mode["wmrl"])
     result = {
         "machine": machine(),
-        "observations": "state",
+        "observations": obs,
         "target_success": tgt,
         "seeds": seeds,
         "ablation_seeds": ablation_seeds,
@@ -257,7 +259,8 @@ def run_benchmark(
 def print_table(res: dict) -> None:
     print(
         f"\ntarget held-out success {res['target_success']} (warm start "
-        f"{res['warmstart_heldout_success']:.3f}); cost = real simulator episodes"
+        f"{res['warmstart_heldout_success']:.3f}); cost = real simulator episodes; "
+        f"observations: {res['observations']}"
     )
     print(
         f"{'mode':14s} {'episodes to target':>26s} {'reached':>8s} {'final held-out':>22s}"
@@ -296,6 +299,9 @@ def define_flags() -> dict:
         "steps": flags.DEFINE_integer("steps", 0, "RL steps per run (0 = the config's)."),
         "target": flags.DEFINE_float("target", -1.0, "Held-out success target (<0 = config's)."),
         "tiny": flags.DEFINE_boolean("tiny", False, "The seconds-long tiny setting (tests)."),
+        "obs": flags.DEFINE_enum(
+            "obs", "state", ["state", "image"], "Observations (config.obs): state or image."
+        ),
         "real_episode_cost_s": flags.DEFINE_float(
             "real_episode_cost_s",
             0.0,
@@ -317,6 +323,7 @@ def main(argv, f: dict):
         f["tiny"].value,
         tuple(f["ablations"].value),
         f["real_episode_cost_s"].value,
+        f["obs"].value,
     )
     print_table(res)
     Path(f["out"].value).write_text(json.dumps(res, indent=2) + "\n")

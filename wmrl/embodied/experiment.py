@@ -53,6 +53,9 @@ LEGACY_DEFAULTS = {
     "wm.branch_chunks": 0,
     "wm.dynamics": "mlp",
     "correction.sample_fusion": "auto",
+    "image.pixels": 32,
+    "image.patch": 8,
+    "image.extent": 0.3,
 }
 
 

@@ -6,6 +6,11 @@ Tokens (bidirectional attention): 5 instruction words, 1 pusher token, 3 block t
 block's current xy, start xy, offset from the pusher and from its start, plus its colour
 word's embedding), then H query tokens whose outputs are the action logits.
 
+`obs = "image"` (VLA-style): the blocks are seen only in pixels. The block tokens are replaced
+by the patch tokens of two top-down RGB images drawn from the state (`wmrl.embodied.render`:
+the first frame and the current one); the pusher token stays (proprioception). The colour a
+word names must be matched to the pixels by learning: no colour-word tie.
+
 Functional use: `graphdef, params = nnx.split(model, nnx.Param)`; `apply(graphdef, params,
 words, obs)` gives logits [B, H, A]. The params are a plain pytree (checkpointed as such).
 """
@@ -19,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wmrl.embodied import render
 from wmrl.embodied.env import (
     COLOURS,
     DIRECTION_VECTORS,
@@ -43,6 +49,9 @@ class PolicySpec:
     # tokens back: a built-in symmetry, so that an unseen colour-direction combination looks
     # like a seen one. False: the raw world frame.
     canonical_frame: bool = True
+    # "state": block tokens from the state; "image": patch tokens of top-down images of it.
+    obs: str = "state"
+    image: render.ImageSpec = dataclasses.field(default_factory=render.ImageSpec)
 
 
 def frame_tables(num_actions: int):
@@ -101,9 +110,13 @@ class Block(nnx.Module):
 class ChunkPolicy(nnx.Module):
     def __init__(self, spec: PolicySpec, rngs: nnx.Rngs):
         d = spec.d_model
-        n_tokens = INSTRUCTION_LEN + 4 + spec.chunk
+        self.image = spec.image if spec.obs == "image" else None
+        scene_tokens = 4 if self.image is None else 1 + self.image.num_patches
+        n_tokens = INSTRUCTION_LEN + scene_tokens + spec.chunk
         self.word = nnx.Embed(len(VOCAB), d, rngs=rngs)
         self.obj = nnx.Linear(8, d, rngs=rngs)
+        if self.image is not None:
+            self.patch = nnx.Linear(self.image.patch**2 * 6, d, rngs=rngs)
         self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (n_tokens, d)))
         self.blocks = nnx.List(
             [Block(d, spec.num_heads, spec.mlp_dim, rngs) for _ in range(spec.num_layers)]
@@ -121,12 +134,23 @@ class ChunkPolicy(nnx.Module):
             rots, perms = frame_tables(self.num_actions)
             d = direction_index(words)
             obs = to_frame(obs, jnp.asarray(rots)[d])
-        # Each block token carries its colour word's embedding (tied with the instruction's
-        # words), so "red" in the instruction and the red block share a vector to match on.
-        colours = jnp.asarray([0] + [VOCAB.index(c) for c in COLOURS], jnp.int32)
-        objects = (
-            self.obj(object_features(obs)) + self.word(colours)[None] * (colours > 0)[None, :, None]
-        )
+        if self.image is None:
+            # Each block token carries its colour word's embedding (tied with the instruction's
+            # words), so "red" in the instruction and the red block share a vector to match on.
+            colours = jnp.asarray([0] + [VOCAB.index(c) for c in COLOURS], jnp.int32)
+            objects = (
+                self.obj(object_features(obs))
+                + self.word(colours)[None] * (colours > 0)[None, :, None]
+            )
+        else:  # the pusher's own state, then the pixels (drawn in the frame read above)
+            images = render.frames(obs, self.image)
+            objects = jnp.concatenate(
+                [
+                    self.obj(object_features(obs)[:, :1]),
+                    self.patch(render.patches(images, self.image.patch)),
+                ],
+                axis=1,
+            )
         x = jnp.concatenate(
             [
                 self.word(words),

@@ -24,21 +24,23 @@ from wmrl.config_errors import ConfigError
 from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import env as scene
 from wmrl.embodied import policy as pol
+from wmrl.embodied import render, rollout
 from wmrl.embodied import rl as erl
-from wmrl.embodied import rollout
 from wmrl.embodied import world_model as wmodel
 
 MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "constant_wm")
 
 STAGE_FIELDS = {
     "demos": ("seed", "env", "tasks", "demos"),
-    "bc": ("seed", "env", "tasks", "demos", "policy"),
+    "bc": ("seed", "env", "tasks", "demos", "policy", "obs", "image"),
     "wm": (
         "seed",
         "env",
         "tasks",
         "demos",
         "policy",
+        "obs",
+        "image",
         "wm.num_members",
         "wm.dynamics",
         "wm.hidden",
@@ -57,15 +59,23 @@ STAGE_FIELDS = {
 
 
 # Fields added after stages were saved: a stage without one was made with this value.
-STAGE_FIELD_DEFAULTS = {"wm.contact_gate": 0.0, "wm.branch_chunks": 0, "wm.dynamics": "mlp"}
+STAGE_FIELD_DEFAULTS = {
+    "wm.contact_gate": 0.0,
+    "wm.branch_chunks": 0,
+    "wm.dynamics": "mlp",
+    "obs": "state",
+}
+OBSERVATIONS = ("state", "image")
 
 
 def validate_embodied_config(config) -> None:
     """Bad input -> ConfigError naming the field."""
     if config.mode not in MODES:
         raise ConfigError("config.mode", f"must be one of {list(MODES)}, got {config.mode!r}")
-    if config.obs != "state":
-        raise ConfigError("config.obs", f"only 'state' observations exist, got {config.obs!r}")
+    if config.obs not in OBSERVATIONS:
+        raise ConfigError("config.obs", f"must be one of {list(OBSERVATIONS)}, got {config.obs!r}")
+    if config.obs == "image":
+        image_spec(config)
     colours = tuple(config.env.colours)
     bad = [c for c in colours if c not in scene.COLOURS]
     if bad or len(set(colours)) != 3 or len(colours) != 3:
@@ -190,7 +200,24 @@ def policy_spec(config) -> pol.PolicySpec:
         num_heads=p.num_heads,
         mlp_dim=p.mlp_dim,
         canonical_frame=p.canonical_frame,
+        obs=config.obs,
+        image=image_spec(config) if config.obs == "image" else render.ImageSpec(),
     )
+
+
+def image_spec(config) -> render.ImageSpec:
+    """`config.image` (read with obs = "image"); bad values name the field."""
+    im = config.image
+    for name in ("pixels", "patch"):
+        if not isinstance(im[name], int) or im[name] < 1:
+            raise ConfigError(f"config.image.{name}", f"must be an integer >= 1, got {im[name]!r}")
+    if im.pixels % im.patch:
+        raise ConfigError(
+            "config.image.patch", f"must divide config.image.pixels={im.pixels}, got {im.patch}"
+        )
+    if not im.extent > 0:  # also refuses NaN
+        raise ConfigError("config.image.extent", f"must be > 0 (m), got {im.extent}")
+    return render.ImageSpec(pixels=im.pixels, patch=im.patch, extent=float(im.extent))
 
 
 def wm_spec(config) -> wmodel.WMSpec:
@@ -228,7 +255,9 @@ def _field(config, dotted):
 
 
 def fingerprint(config, stage: str) -> dict:
-    return {f: _field(config, f) for f in STAGE_FIELDS[stage]}
+    """The fields a stage depends on (`image` only where the policy reads images)."""
+    fields = [f for f in STAGE_FIELDS[stage] if f != "image" or config.obs == "image"]
+    return {f: _field(config, f) for f in fields}
 
 
 def stage_done(stage_dir: Path, config) -> dict | None:
