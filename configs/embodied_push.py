@@ -43,8 +43,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.image = ml_collections.ConfigDict()  # read only with obs = "image"
     c.image.pixels = 32  # side of each image (1.9 cm per pixel over the 60 cm square)
-    c.image.patch = 8  # side of a patch token: 16 patch tokens per image pair
+    c.image.patch = 4  # side of a patch token: 64 patch tokens (a stride-4 convolution)
     c.image.extent = 0.3  # half-width of the drawn square (m), centred on the table
+    # FiLM: the instruction scales and shifts the patch embeddings (RT-1's conditioning)
+    c.image.film = True
+    # BC sees each demo step translated by up to this (m): DrQ's random shifts, in the world
+    c.image.bc_shift = 0.05
 
     c.env = ml_collections.ConfigDict()
     c.env.colours = ("red", "green", "blue")  # the scene's blocks

@@ -120,6 +120,8 @@ def test_bad_image_settings_name_the_field():
     check("config.image.pixels", obs="image", image__pixels=0)
     check("config.image.extent", obs="image", image__extent=0.0)
     check("config.image.extent", obs="image", image__extent=float("nan"))
+    check("config.image.bc_shift", obs="image", image__bc_shift=-0.01)
+    check("config.image.bc_shift", obs="image", image__bc_shift=0.5)
     # not read with state observations
     c = embodied_push.get_config("tiny")
     c.image.patch = 5
@@ -151,5 +153,22 @@ def test_a_tiny_image_run_end_to_end(tmp_path):
     assert s["observations"] == "image" and s["steps"] == 1
     assert s["real_episodes"] == 8 and s["wm_episodes"] == 8  # 2 anchor groups of 4, 2 WM
     saved = json.loads((tmp_path / "run" / "init" / "bc" / "done.json").read_text())["config"]
-    assert saved["obs"] == "image" and saved["image"] == {"pixels": 32, "patch": 8, "extent": 0.3}
+    assert saved["obs"] == "image" and saved["image"] == {
+        "pixels": 32,
+        "patch": 4,
+        "extent": 0.3,
+        "film": True,
+        "bc_shift": 0.05,
+    }
     assert 0.0 <= s["final_heldout_success"] <= 1.0
+
+
+def test_the_bc_shift_moves_every_point_of_a_row_by_its_offset():
+    obs = np.arange(28, dtype=np.float32).reshape(2, 14) / 100
+    got = stages.shift_scene(obs, np.asarray([[0.01, -0.02], [0.0, 0.03]]))
+    want = obs.copy()
+    want[0, 0::2] += 0.01
+    want[0, 1::2] -= 0.02
+    want[1, 1::2] += 0.03
+    np.testing.assert_allclose(got, want, atol=1e-7)
+    assert got.dtype == np.float32

@@ -54,8 +54,10 @@ LEGACY_DEFAULTS = {
     "wm.dynamics": "mlp",
     "correction.sample_fusion": "auto",
     "image.pixels": 32,
-    "image.patch": 8,
+    "image.patch": 4,
     "image.extent": 0.3,
+    "image.film": True,
+    "image.bc_shift": 0.05,
 }
 
 

@@ -117,6 +117,8 @@ class ChunkPolicy(nnx.Module):
         self.obj = nnx.Linear(8, d, rngs=rngs)
         if self.image is not None:
             self.patch = nnx.Linear(self.image.patch**2 * 6, d, rngs=rngs)
+            if self.image.film:
+                self.film = nnx.Linear(d, 2 * d, rngs=rngs)
         self.pos = nnx.Param(0.02 * jax.random.normal(rngs.params(), (n_tokens, d)))
         self.blocks = nnx.List(
             [Block(d, spec.num_heads, spec.mlp_dim, rngs) for _ in range(spec.num_layers)]
@@ -144,13 +146,11 @@ class ChunkPolicy(nnx.Module):
             )
         else:  # the pusher's own state, then the pixels (drawn in the frame read above)
             images = render.frames(obs, self.image)
-            objects = jnp.concatenate(
-                [
-                    self.obj(object_features(obs)[:, :1]),
-                    self.patch(render.patches(images, self.image.patch)),
-                ],
-                axis=1,
-            )
+            pixels = self.patch(render.patches(images, self.image.patch))
+            if self.image.film:  # the instruction scales and shifts every patch embedding
+                scale, shift = jnp.split(self.film(self.word(words).mean(1)), 2, -1)
+                pixels = pixels * (1.0 + scale[:, None]) + shift[:, None]
+            objects = jnp.concatenate([self.obj(object_features(obs)[:, :1]), pixels], axis=1)
         x = jnp.concatenate(
             [
                 self.word(words),

@@ -217,7 +217,19 @@ def image_spec(config) -> render.ImageSpec:
         )
     if not im.extent > 0:  # also refuses NaN
         raise ConfigError("config.image.extent", f"must be > 0 (m), got {im.extent}")
-    return render.ImageSpec(pixels=im.pixels, patch=im.patch, extent=float(im.extent))
+    if not isinstance(im.film, bool):
+        raise ConfigError("config.image.film", f"must be True or False, got {im.film!r}")
+    if not 0.0 <= im.bc_shift < im.extent:
+        raise ConfigError(
+            "config.image.bc_shift", f"must be in [0, image.extent) (m), got {im.bc_shift}"
+        )
+    return render.ImageSpec(
+        pixels=im.pixels,
+        patch=im.patch,
+        extent=float(im.extent),
+        film=im.film,
+        bc_shift=float(im.bc_shift),
+    )
 
 
 def wm_spec(config) -> wmodel.WMSpec:
@@ -357,9 +369,13 @@ def bc_stage(config, stage_dir: Path, demos: rollout.Episodes):
     rng = np.random.default_rng([config.seed, 2])
     n = len(data["obs"])
     loss = float("nan")
+    shift = image_spec(config).bc_shift if config.obs == "image" else 0.0
     for _ in range(steps):
         i = rng.integers(0, n, bs)
-        params, opt, loss = step(params, opt, {k: jnp.asarray(v[i]) for k, v in data.items()})
+        batch = {k: v[i] for k, v in data.items()}
+        if shift:
+            batch["obs"] = shift_scene(batch["obs"], rng.uniform(-shift, shift, (bs, 2)))
+        params, opt, loss = step(params, opt, {k: jnp.asarray(v) for k, v in batch.items()})
     stage_dir.mkdir(parents=True, exist_ok=True)
     ckpt.save_tree(stage_dir / "params.npz", params)
     report = {
@@ -370,6 +386,12 @@ def bc_stage(config, stage_dir: Path, demos: rollout.Episodes):
         "time_s": time.monotonic() - t0,
     }
     return graphdef, params, finish_stage(stage_dir, config, report)
+
+
+def shift_scene(obs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """obs [B, 14] (7 xy points: pusher, blocks now, blocks' starts) with every point moved by
+    its row's offset [B, 2]: the same scene elsewhere on the floor (the same expert actions)."""
+    return obs + np.tile(offsets, (1, scene.OBS_DIM // 2)).astype(obs.dtype)
 
 
 # ----------------------------------------------------------------------------- WM
