@@ -2,6 +2,7 @@
 benchmark reuses a run whose summary.json exists instead of training it)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -158,3 +159,39 @@ def test_a_finished_run_with_another_config_is_refused_not_reused(tmp_path):
         bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, steps=80)
     with pytest.raises(ConfigError, match=r"target_success"):
         bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, target=0.5)
+
+
+def test_set_overrides_parse_by_the_fields_type_and_bad_ones_name_the_flag(tmp_path):
+    c = bench.make_config(
+        False,
+        0,
+        "wmrl",
+        3,
+        "/x/init",
+        -1.0,
+        obs="image",
+        overrides=("demos.episodes=2000", "image.bc_shift=0.02", "image.film=false"),
+    )
+    assert c.demos.episodes == 2000 and isinstance(c.demos.episodes, int)
+    assert c.image.bc_shift == 0.02 and c.image.film is False and c.obs == "image"
+    for item, msg in (
+        ("demos.episodez=3", "no config field 'demos.episodez'"),
+        ("demos.episodes=many", r"'many' is not of type int \(config.demos.episodes\)"),
+        ("image.film=yes", r"'yes' is not of type bool"),
+        ("demos=3", "scalar field"),
+        ("demos.episodes", "expected field=value"),
+    ):
+        with pytest.raises(ValueError, match=r"--set=" + re.escape(item) + ".*" + msg):
+            bench.make_config(False, 0, "wmrl", 0, "/x/init", -1.0, overrides=(item,))
+    # a folder of runs made with other overrides is refused, naming the field
+    for m in bench.MAIN_MODES:
+        wd = tmp_path / f"{m}_s0"
+        fake_run(wd, [0.3, 0.46], [0, 300], 900 if m == "wmrl" else 0)
+        saved = bench.make_config(False, 0, m, 0, "/x/init", -1.0, overrides=("demos.episodes=9",))
+        (wd / "config.json").write_text(saved.to_json_best_effort())
+    res = bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, overrides=("demos.episodes=9",))
+    assert res["overrides"] == ["demos.episodes=9"] and res["observations"] == "state"
+    from wmrl.config_errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"demos\.episodes"):
+        bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0)

@@ -84,8 +84,40 @@ def success_at_budget(curve, budget):
     return ok[-1]["heldout_success"]
 
 
-def make_config(args_tiny, steps, mode, seed, init_dir, target, cost_s=0.0, obs="state"):
+def apply_overrides(c, overrides) -> None:
+    """`--set=field=value` (e.g. `demos.episodes=2000`): the value parsed as the field's type;
+    an unknown field or a value of the wrong type is an error naming the flag."""
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        *path, leaf = name.split(".")
+        node = c
+        try:
+            for part in path:
+                node = node[part]
+            old = node[leaf]
+        except (KeyError, AttributeError, TypeError):
+            raise ValueError(f"--set={item}: no config field {name!r}") from None
+        if not sep or isinstance(old, (dict, list, tuple)) or hasattr(old, "to_dict"):
+            raise ValueError(f"--set={item}: expected field=value for a scalar field")
+        try:
+            if isinstance(old, bool):
+                if text not in ("True", "False", "true", "false"):
+                    raise ValueError(text)
+                value = text.lower() == "true"
+            else:
+                value = type(old)(text)
+        except ValueError:
+            raise ValueError(
+                f"--set={item}: {text!r} is not of type {type(old).__name__} (config.{name})"
+            ) from None
+        node[leaf] = value
+
+
+def make_config(
+    args_tiny, steps, mode, seed, init_dir, target, cost_s=0.0, obs="state", overrides=()
+):
     c = load_config_file(CONFIG_FILE, "tiny" if args_tiny else None)
+    apply_overrides(c, overrides)
     c.mode = mode
     c.obs = obs
     c.env.real_episode_cost_s = float(cost_s)
@@ -146,6 +178,7 @@ def run_benchmark(
     ablations=ABLATIONS,
     real_episode_cost_s=0.0,
     obs="state",
+    overrides=(),
 ) -> dict:
     workdir = Path(workdir)
     init = workdir / "init"
@@ -158,7 +191,9 @@ def run_benchmark(
     for mode, seed in plan:
         name = f"{mode}_s{seed}"
         wd = workdir / name
-        config = make_config(tiny, steps, mode, seed, init, target, real_episode_cost_s, obs)
+        config = make_config(
+            tiny, steps, mode, seed, init, target, real_episode_cost_s, obs, overrides
+        )
         # A finished run is reused only if it was made with this config (e.g. --steps=80 over
         # 40-step runs is refused, naming rl.steps). Not `init_dir`: the stages are always
         # <workdir>/init, so a copied or moved benchmark folder carries its own.
@@ -186,6 +221,7 @@ def run_benchmark(
     result = {
         "machine": machine(),
         "observations": obs,
+        "overrides": list(overrides),
         "target_success": tgt,
         "seeds": seeds,
         "ablation_seeds": ablation_seeds,
@@ -302,6 +338,9 @@ def define_flags() -> dict:
         "obs": flags.DEFINE_enum(
             "obs", "state", ["state", "image"], "Observations (config.obs): state or image."
         ),
+        "set": flags.DEFINE_multi_string(
+            "set", [], "field=value config overrides for every run (e.g. demos.episodes=2000)."
+        ),
         "real_episode_cost_s": flags.DEFINE_float(
             "real_episode_cost_s",
             0.0,
@@ -324,6 +363,7 @@ def main(argv, f: dict):
         tuple(f["ablations"].value),
         f["real_episode_cost_s"].value,
         f["obs"].value,
+        tuple(f["set"].value),
     )
     print_table(res)
     Path(f["out"].value).write_text(json.dumps(res, indent=2) + "\n")

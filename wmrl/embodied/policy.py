@@ -8,8 +8,10 @@ word's embedding), then H query tokens whose outputs are the action logits.
 
 `obs = "image"` (VLA-style): the blocks are seen only in pixels. The block tokens are replaced
 by the patch tokens of two top-down RGB images drawn from the state (`wmrl.embodied.render`:
-the first frame and the current one); the pusher token stays (proprioception). The colour a
-word names must be matched to the pixels by learning: no colour-word tie.
+the first frame and the current one, drawn in the instruction's frame when `canonical_frame`);
+the pusher token stays (proprioception). The colour a word names must be matched to the
+pixels by learning: no colour-word tie; with `image.film` the instruction scales and shifts
+every patch embedding (FiLM, RT-1's conditioning of its image encoder).
 
 Functional use: `graphdef, params = nnx.split(model, nnx.Param)`; `apply(graphdef, params,
 words, obs)` gives logits [B, H, A]. The params are a plain pytree (checkpointed as such).
