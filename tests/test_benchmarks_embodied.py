@@ -180,6 +180,9 @@ def test_set_overrides_parse_by_the_fields_type_and_bad_ones_name_the_flag(tmp_p
         ("image.film=yes", r"'yes' is not of type bool"),
         ("demos=3", "scalar field"),
         ("demos.episodes", "expected field=value"),
+        ("obs=image", "config.obs is set by --obs"),
+        ("rl.seed=4", "config.rl.seed is set by --seeds"),
+        ("target_success=0.3", "set by --target"),
     ):
         with pytest.raises(ValueError, match=r"--set=" + re.escape(item) + ".*" + msg):
             bench.make_config(False, 0, "wmrl", 0, "/x/init", -1.0, overrides=(item,))

@@ -22,6 +22,15 @@ def obs_of(pusher, blocks, starts):
     return np.concatenate([pusher, np.ravel(blocks), np.ravel(starts)]).astype(np.float32)
 
 
+def test_coverage_is_the_exact_overlap_for_pixels_wider_than_a_block():
+    coarse = render.ImageSpec(pixels=8, patch=4, extent=0.3)  # 7.5 cm pixels, a 4 cm cube
+    obs = obs_of([5.0, 5.0], [[0.0375, 0.0375], [5.0, 5.0], [-5.0, -5.0]], [[9.0, 9.0]] * 3)
+    img = np.asarray(render.frames(jnp.asarray(obs), coarse))[..., 3]  # red, current frame
+    # pixel 4 spans [0, 7.5] cm; the cube [1.75, 5.75] cm lies inside: (4 / 7.5)^2 of it
+    np.testing.assert_allclose(img[4, 4], 0.9 * (0.04 / 0.075) ** 2, rtol=1e-5)
+    np.testing.assert_allclose(img.sum(), 0.9 * (0.04 / 0.075) ** 2, rtol=1e-5)
+
+
 def test_a_block_covers_its_area_in_its_colour_and_its_centre_pixel_fully():
     far = [0.29, 0.29]  # the pusher in a corner pixel, away from the block
     blocks = [[0.0, 0.0], [5.0, 5.0], [-5.0, -5.0]]  # green and blue off the canvas
@@ -134,7 +143,7 @@ def test_a_state_stage_is_not_reused_for_images(tmp_path):
     bc.mkdir()
     report = stages.finish_stage(bc, c, {})
     assert "image" not in report["config"] and report["config"]["obs"] == "state"
-    c.image.patch = 4  # not read with state observations: still the same stage
+    c.image.patch, c.image.pixels = 8, 64  # not read with state observations: the same stage
     assert stages.stage_done(bc, c) is not None
     # a stage saved before the field was made with state observations
     legacy = {k: v for k, v in report["config"].items() if k != "obs"}
@@ -172,3 +181,18 @@ def test_the_bc_shift_moves_every_point_of_a_row_by_its_offset():
     want[1, 1::2] += 0.03
     np.testing.assert_allclose(got, want, atol=1e-7)
     assert got.dtype == np.float32
+
+
+def test_a_run_compares_the_image_fields_only_where_the_policy_reads_images():
+    old = embodied_push.get_config()
+    saved = json.loads(old.to_json_best_effort())
+    del saved["image"]  # a state run saved before the fields
+    now = embodied_push.get_config()
+    now.image.patch = 8  # not read with state observations
+    assert experiment.config_differences(saved, now) == []
+    now.obs = "image"
+    assert "obs" in experiment.config_differences(saved, now)  # a state run is not an image one
+    img = embodied_push.get_config()
+    img.obs = "image"
+    saved_img = json.loads(img.to_json_best_effort())
+    assert experiment.config_differences(saved_img, now) == ["image.patch"]

@@ -84,11 +84,26 @@ def success_at_budget(curve, budget):
     return ok[-1]["heldout_success"]
 
 
+# Fields the benchmark sets itself: `--set` may not override them (it would be undone).
+FLAG_FIELDS = {
+    "mode": "--ablations (the main modes are always real and wmrl)",
+    "obs": "--obs",
+    "rl.seed": "--seeds",
+    "rl.steps": "--steps",
+    "target_success": "--target",
+    "init_dir": "--workdir (the stages are <workdir>/init)",
+    "env.real_episode_cost_s": "--real_episode_cost_s",
+}
+
+
 def apply_overrides(c, overrides) -> None:
     """`--set=field=value` (e.g. `demos.episodes=2000`): the value parsed as the field's type;
-    an unknown field or a value of the wrong type is an error naming the flag."""
+    an unknown field, a value of the wrong type or a field that a flag sets is an error naming
+    the flag."""
     for item in overrides:
         name, sep, text = item.partition("=")
+        if name in FLAG_FIELDS:
+            raise ValueError(f"--set={item}: config.{name} is set by {FLAG_FIELDS[name]}")
         *path, leaf = name.split(".")
         node = c
         try:

@@ -53,17 +53,15 @@ LEGACY_DEFAULTS = {
     "wm.branch_chunks": 0,
     "wm.dynamics": "mlp",
     "correction.sample_fusion": "auto",
-    "image.pixels": 32,
-    "image.patch": 4,
-    "image.extent": 0.3,
-    "image.film": True,
-    "image.bc_shift": 0.05,
 }
 
 
 def _resolved(flat: dict) -> dict:
     """Compared by what a field does: `correction.sample_fusion` resolved for the mode (a run
-    saved with `auto` resumes under the value `auto` resolves to)."""
+    saved with `auto` resumes under the value `auto` resolves to); `image.*` only where the
+    policy reads images (a state run, saved before the fields or not, ignores them)."""
+    if flat.get("obs", "state") != "image":
+        flat = {k: v for k, v in flat.items() if not k.startswith("image.")}
     if "correction.sample_fusion" in flat and flat.get("mode") in rl.MODE_SPECS:
         flat["correction.sample_fusion"] = rl.resolve_fusion(
             flat["correction.sample_fusion"], flat["mode"]

@@ -6,9 +6,11 @@ observation by coverage, not by MuJoCo's renderer: a pixel's value is the fracti
 object covers times the object's colour (the scene's RGBA), summed and clipped to [0, 1]. The
 cubes are drawn axis-aligned (their yaw is not in the state) and their coverage is exact for
 an axis-aligned square; the pusher's disc is antialiased over one pixel. Objects outside the
-square are cut off. Pure `jax.numpy`, so the policy draws what it reads inside jit: from the
-simulator's state for a real episode, from the world model's imagined state for an imagined
-one (the same drawing, so the policy cannot tell them apart by their look).
+square are cut off (at the defaults, a block pushed 10 cm from the workspace's edge and then
+shifted 5 cm by BC's augmentation can lose up to 2 cm of itself at the border). Pure
+`jax.numpy`, so the policy draws what it reads inside jit: from the simulator's state for a real
+episode, from the world model's imagined state for an imagined one (the same drawing, so the
+policy cannot tell them apart by their look).
 
 Layout: image[row, col, channel], row = y index (increasing y), col = x index (increasing x).
 """
@@ -53,8 +55,10 @@ class ImageSpec:
 
 def _box_cover(c: jnp.ndarray, centre: jnp.ndarray, half: float, px: float) -> jnp.ndarray:
     """Fraction of the pixels [.., P] centred at `c` that the interval centre +- half covers
-    (exact for 2 * half >= px)."""
-    return jnp.clip((half + px / 2 - jnp.abs(c - centre)) / px, 0.0, 1.0)
+    (the exact overlap, for pixels of any size)."""
+    lo = jnp.maximum(c - px / 2, centre - half)
+    hi = jnp.minimum(c + px / 2, centre + half)
+    return jnp.clip(hi - lo, 0.0, None) / px
 
 
 def draw(points: jnp.ndarray, spec: ImageSpec, pusher: bool) -> jnp.ndarray:
