@@ -31,14 +31,14 @@ PUSHER_RGB = np.asarray([0.3, 0.3, 0.3], np.float32)  # the scene's pusher geom
 @dataclasses.dataclass(frozen=True)
 class ImageSpec:
     pixels: int = 32  # side of the square image
-    patch: int = 8  # side of a patch token (pixels % patch == 0)
+    patch: int = 4  # side of a patch token (pixels % patch == 0)
     extent: float = 0.3  # half-width of the drawn square (m)
     # FiLM (RT-1's instruction conditioning of the image encoder): the patch embeddings are
     # scaled and shifted by a function of the instruction's words.
     film: bool = True
     # Behaviour cloning sees each demo step with the whole scene translated by a uniform offset
     # up to this (m) per axis (DrQ's random shifts, done in the world; the floor is uniform).
-    bc_shift: float = 0.0
+    bc_shift: float = 0.05
 
     @property
     def pixel_size(self) -> float:

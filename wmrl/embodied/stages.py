@@ -369,7 +369,7 @@ def bc_stage(config, stage_dir: Path, demos: rollout.Episodes):
     rng = np.random.default_rng([config.seed, 2])
     n = len(data["obs"])
     loss = float("nan")
-    shift = image_spec(config).bc_shift if config.obs == "image" else 0.0
+    shift = spec.image.bc_shift if spec.obs == "image" else 0.0
     for _ in range(steps):
         i = rng.integers(0, n, bs)
         batch = {k: v[i] for k, v in data.items()}
