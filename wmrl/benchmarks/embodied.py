@@ -211,8 +211,11 @@ def run_benchmark(
         )
         # A finished run is reused only if it was made with this config (e.g. --steps=80 over
         # 40-step runs is refused, naming rl.steps). Not `init_dir`: the stages are always
-        # <workdir>/init, so a copied or moved benchmark folder carries its own.
-        experiment.check_resumable(config, wd, ignore=("init_dir",))
+        # <workdir>/init, so a copied or moved benchmark folder carries its own. Not
+        # `target_success`: training never reads it, and the episodes to the target are
+        # recomputed below from each run's held-out curve, so one set of runs can be read at
+        # another --target.
+        experiment.check_resumable(config, wd, ignore=("init_dir", "target_success"))
         if (wd / "summary.json").exists():
             summaries[name] = json.loads((wd / "summary.json").read_text())
         else:
@@ -225,7 +228,7 @@ def run_benchmark(
             f"{s['final_heldout_success']:.3f}  real episodes {s['real_episodes']}",
             flush=True,
         )
-    tgt = next(iter(summaries.values()))["target_success"]
+    tgt = float(config.target_success)  # this invocation's, not the one a reused run saved
     modes = list(dict.fromkeys(m for m, _ in plan))
     by_mode = {
         m: [summaries[f"{m}_s{s}"] for s in range(seeds if m in MAIN_MODES else ablation_seeds)]
