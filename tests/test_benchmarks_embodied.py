@@ -128,6 +128,12 @@ def test_benchmark_json_on_finished_runs(tmp_path):
     assert res["real_episode_cost_s"] == 0.0 and "not a robot's" in res["cost_note"]
     json.dumps(res)  # serialisable
     assert np.isfinite(res["benchmark_s"])
+    # the same runs read at --target=0.4: real at 300 and 600, wmrl at 150 and 150
+    res = bench.run_benchmark(tmp_path, seeds=2, ablation_seeds=1, target=0.4)
+    assert res["target_success"] == 0.4
+    assert res["real_episodes_to_target"]["real"]["per_seed"] == [300, 600]
+    assert res["real_episodes_to_target"]["wmrl"]["per_seed"] == [150, 150]
+    assert res["ratio_real_over_wmrl"]["episodes_to_target"] == pytest.approx(450 / 150)
 
 
 def test_goal_not_met_and_declared_latency(tmp_path):
@@ -157,8 +163,15 @@ def test_a_finished_run_with_another_config_is_refused_not_reused(tmp_path):
     assert res["final_heldout_success"]["real"]["per_seed"] == [0.46]
     with pytest.raises(ConfigError, match=r"real_s0 holds a run with a different.*rl\.steps"):
         bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, steps=80)
-    with pytest.raises(ConfigError, match=r"target_success"):
-        bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, target=0.5)
+    # the target is analysis: the same runs are read at another --target, from their curves
+    # (the summaries saved 0.45)
+    res = bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, target=0.5)
+    assert res["target_success"] == 0.5 and res["reached_target"] == {"real": 0, "wmrl": 0}
+    assert res["real_episodes_to_target"]["real"]["per_seed"] == [300]  # censored at the total
+    assert res["ratio_real_over_wmrl"]["episodes_to_target"] is None and not res["goal"]["met"]
+    res = bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, target=0.3)
+    assert res["reached_target"] == {"real": 1, "wmrl": 1}
+    assert res["real_episodes_to_target"]["wmrl"]["per_seed"] == [0]  # the warm start's 0.3
 
 
 def test_set_overrides_parse_by_the_fields_type_and_bad_ones_name_the_flag(tmp_path):

@@ -351,7 +351,11 @@ def define_flags() -> dict:
         ),
         "out": flags.DEFINE_string("out", None, "JSON output file."),
         "steps": flags.DEFINE_integer("steps", 0, "RL steps per run (0 = the config's)."),
-        "target": flags.DEFINE_float("target", -1.0, "Held-out success target (<0 = config's)."),
+        "target": flags.DEFINE_float(
+            "target",
+            -1.0,
+            "Held-out success target (<0 = config's); finished runs are re-read at it.",
+        ),
         "tiny": flags.DEFINE_boolean("tiny", False, "The seconds-long tiny setting (tests)."),
         "obs": flags.DEFINE_enum(
             "obs", "state", ["state", "image"], "Observations (config.obs): state or image."
