@@ -140,3 +140,35 @@ def test_batched_update_equals_sequential_numpy():
     assert int(st.num_groups) == n and bool(st.frozen) == frozen
     np.testing.assert_allclose(denoise.smoothed_disagreement(st), ema / norm, rtol=1e-5)
     np.testing.assert_allclose(st.scale, scale, rtol=1e-5)
+
+
+@pytest.mark.parametrize("warmup_s2", ["zero", "rounding"])
+def test_no_freeze_while_the_stream_agrees_exactly(warmup_s2):
+    """A warm-up of exactly agreeing (s2 = 0) or rounding-level (s2 ~ 1e-14) anchor groups has no
+    `c` with 1 + c * s2 = target: the weight stays 1 and `c` freezes at the first measurable
+    disagreement, where the weight equals the target (not c = 0 forever, not c ~ 1e12)."""
+    cfg = denoise.DenoiseConfig(half_life=2, warmup_groups=3, target=2.0, w_max=4.0)
+    s = jnp.array([[0.0, 1.0]] * 5)
+    d = s if warmup_s2 == "zero" else s.at[:, 1].set(1.0 + 2.0**-23)  # one float32 ulp off
+    x0 = 0.0 if warmup_s2 == "zero" else float(((2.0**-24) ** 2) / 0.25)  # = 2**-46 / 0.25
+    st = denoise.update_denoise(denoise.init_denoise_state(), d, s, cfg)
+    assert int(st.num_groups) == 5 and not bool(st.frozen)
+    np.testing.assert_allclose(denoise.smoothed_disagreement(st), x0, rtol=1e-3, atol=1e-30)
+    assert float(denoise.anchor_weight(st, cfg)) == 1.0
+    # the first real disagreement: d = (0, 1) against s = (0, 2) is s2 = 0.25
+    st = denoise.update_denoise(st, jnp.array([[0.0, 1.0]]), jnp.array([[0.0, 2.0]]), cfg)
+    a = 0.5**0.5
+    s2_hat = (a * x0 * (1 - a**5) + (1 - a) * 0.25) / (1 - a**6)
+    assert bool(st.frozen)
+    np.testing.assert_allclose(st.scale, 1.0 / s2_hat, rtol=1e-5)
+    np.testing.assert_allclose(denoise.anchor_weight(st, cfg), 2.0, rtol=1e-5)
+    # a further agreeing group pulls the weight down towards 1, never to w_max
+    st = denoise.update_denoise(st, s[:1], s[:1], cfg)
+    w = float(denoise.anchor_weight(st, cfg))
+    np.testing.assert_allclose(w, 1.0 + a * (1 - a**6) / (1 - a**7), rtol=1e-5)
+    assert 1.0 < w < 2.0
+
+
+def test_freeze_floor_must_be_positive():
+    with pytest.raises(ValueError, match="freeze_floor"):
+        denoise.DenoiseConfig(freeze_floor=0.0)

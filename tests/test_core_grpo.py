@@ -110,3 +110,50 @@ def test_kl_and_entropy_terms_and_metric_accumulation():
     red = grpo.reduce_metrics(both)
     np.testing.assert_allclose(red["entropy"], 1.5)
     assert float(both["kl"][1]) == 4
+
+
+@pytest.mark.parametrize("baseline", ["mean", "rloo"])
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_all_equal_groups_get_exactly_zero(baseline, normalize_std):
+    # float32 sums of eight 0.1s (or 0.2s, or 1e3 + 1e-4) do not divide back to the value: the
+    # mean is an ulp off, and (ulp) / (std of an ulp + 1e-6) was an advantage of order 0.1.
+    values = [0.1, 0.2, 0.3, 0.7, 1e3 + 1e-4, 1.0 / 3.0]
+    r = np.repeat(np.float32(values), 8)
+    mean32 = np.asarray(jnp.asarray(r).reshape(-1, 8).sum(1) / 8.0)
+    assert np.all(mean32 != np.float32(values)), "each case must exercise the rounding"
+    adv = grpo.group_advantages(
+        jnp.asarray(r), 8, normalize_std=normalize_std, baseline=baseline, eps=1e-6
+    )
+    assert np.all(np.asarray(adv) == 0.0)
+
+
+def test_all_equal_among_valid_rows_is_zero_and_masked_rows_do_not_count():
+    # group 0: valid rows all 0.1, the masked row differs (and is NaN: ungraded) -> all zero;
+    # group 1: valid rows 1e3 and 1e3 + 0.5 -> +-1 (population std 0.25), masked row 0;
+    # group 2: one valid row -> 0.
+    r = jnp.array([0.1, 0.1, np.nan, 0.1, 1e3, 1e3 + 0.5, 7.0, 1e3, 0.3, 0.9, 0.9, 0.9])
+    valid = jnp.array([1, 1, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0], bool)
+    adv = np.asarray(grpo.group_advantages(jnp.nan_to_num(r), 4, valid=valid))
+    # group 1: valid (1000, 1000.5, 1000): mean 1000 + 1/6, population std sqrt(1/18)
+    sd = np.sqrt(1 / 18)
+    expected_g1 = [(-1 / 6) / (sd + 1e-6), (1 / 3) / (sd + 1e-6), 0.0, (-1 / 6) / (sd + 1e-6)]
+    np.testing.assert_array_equal(adv[:4], 0.0)
+    np.testing.assert_allclose(adv[4:8], expected_g1, rtol=2e-3)
+    np.testing.assert_array_equal(adv[8:], 0.0)
+
+
+def test_nearly_equal_groups_are_not_zeroed():
+    # 1e3 plus small noise is not an all-equal group: it keeps its ordering (float32 precision).
+    rng = np.random.default_rng(0)
+    r = (1e3 + 0.01 * rng.normal(size=(16, 8))).astype(np.float32)
+    adv = np.asarray(grpo.group_advantages(jnp.asarray(r.reshape(-1)), 8)).reshape(16, 8)
+    r64 = r.astype(np.float64)
+    ref = (r64 - r64.mean(1, keepdims=True)) / (r64.std(1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(adv, ref, atol=0.05)
+    assert np.all(np.argsort(adv, 1) == np.argsort(ref, 1))
+
+
+def test_population_std_convention():
+    # population std (divide by n): (1, 2, 3) has std sqrt(2/3), not the sample std 1.
+    adv = grpo.group_advantages(jnp.array([1.0, 2.0, 3.0]), 3, eps=0.0)
+    np.testing.assert_allclose(adv, [-np.sqrt(1.5), 0.0, np.sqrt(1.5)], rtol=1e-6)

@@ -80,3 +80,13 @@ def test_correction_state_orbax_round_trip(tmp_path):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert bool(restored.denoise.frozen) and bool(restored.debias.monotone.fitted)
+
+
+def test_anchor_count_rounds_half_up():
+    # 0.25 * 10 = 2.5 -> 3 and 0.5 * 5 = 2.5 -> 3 (Python's round gives 2); 0.25 * 2 = 0.5 -> 1
+    cfg = routing.RoutingConfig(rho=0.25, min_groups=0)
+    assert int(routing.num_anchor_groups(10, 10, cfg)) == 3
+    assert int(routing.num_anchor_groups(10, 10, cfg, rho=jnp.float32(0.25))) == 3
+    assert int(routing.num_anchor_groups(5, 5, cfg, rho=0.5)) == 3
+    assert int(routing.num_anchor_groups(2, 2, cfg)) == 1
+    assert int(routing.num_anchor_groups(10, 10, cfg, rho=0.24)) == 2

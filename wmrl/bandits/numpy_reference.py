@@ -15,6 +15,7 @@ import numpy as np
 
 from wmrl.bandits.problem import anchor_rho
 from wmrl.bandits.train import VARIANT_SPECS
+from wmrl.core.denoise import DenoiseConfig
 
 
 def pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -136,6 +137,7 @@ def run_numpy_variant(
                     rewards = rewards * np.where(pull_anchor, 1.0, w)
             rg = rewards.reshape(ng, G)
             adv = (rg - rg.mean(1, keepdims=True)) / (rg.std(1, keepdims=True) + 1e-6)
+            adv[rg.max(1) == rg.min(1)] = 0.0  # an all-equal group carries no signal
             if spec.anchors:
                 idx = np.flatnonzero(pull_anchor)
                 if spec.debias == "keyed":
@@ -151,8 +153,12 @@ def run_numpy_variant(
                     x = np.mean((dc - sc) ** 2) / np.mean(sc**2)
                     ema, norm = decay * ema + (1 - decay) * x, decay * norm + (1 - decay)
                     n_groups += 1
-                    if not frozen and n_groups >= ncfg.warmup_groups:
-                        scale = (ncfg.target - 1) / (ema / norm) if ema > 0 else 0.0
+                    if (
+                        not frozen
+                        and n_groups >= ncfg.warmup_groups
+                        and ema / norm > DenoiseConfig.freeze_floor
+                    ):
+                        scale = (ncfg.target - 1) / (ema / norm)
                         frozen = True
             # The anchor weight as the disagreement stands after this step's anchor groups
             # (`wmrl.core.correct.correct` reads it after the update, too).

@@ -81,6 +81,13 @@ class DenoiseConfig:
     target: float = 2.0
     w_max: float = 4.0
     degenerate_tol: float = 1e-8  # real scores with variance below this are 'all equal'
+    # `c` is frozen only once the smoothed disagreement exceeds this floor. A stream that agrees
+    # exactly (s2 = 0) has no `c` with 1 + c * s2 = target, and one at float32 rounding level
+    # (s2 ~ 1e-14) would freeze c ~ 1e14 and jump to w_max at the first real disagreement. Below
+    # the floor the WM stream is as good as the real one and the weight stays 1; the warm-up
+    # simply continues until the disagreement is measurable. 1e-6 is a within-group RMS
+    # deviation of 0.1% of the real scores' spread, far above float32 rounding (~1e-7 relative).
+    freeze_floor: float = 1e-6
 
     def __post_init__(self):
         if self.half_life <= 0:
@@ -91,6 +98,8 @@ class DenoiseConfig:
             raise ValueError(f"denoise.target must be >= 1, got {self.target}")
         if self.w_max < 1.0:
             raise ValueError(f"denoise.w_max must be >= 1, got {self.w_max}")
+        if not self.freeze_floor > 0.0:
+            raise ValueError(f"denoise.freeze_floor must be > 0, got {self.freeze_floor}")
 
     @property
     def decay(self) -> float:
@@ -152,6 +161,13 @@ def update_denoise(
 ) -> DenoiseState:
     """Fold A anchor groups into the disagreement EMA, freezing `c` after the warm-up.
 
+    The EMA is start-up corrected: it is divided by the EMA of 1 over the same groups
+    (`ema_norm`), so its first value is the first group's s2 rather than (1 - decay) * s2 pulled
+    towards an arbitrary initial 0. The paper's reference seeds its EMA with the first group
+    instead; both give an unbiased estimate from the first group on, and ours keeps the
+    batched update a closed form. `c` is frozen at the first valid group that has completed
+    the warm-up *and* whose smoothed s2 is above `config.freeze_floor`; see `DenoiseConfig`.
+
     Args:
       wm_scores, real_scores: [A, G].
       group_mask: optional [A] bool; False for padding rows (e.g. fewer anchors than capacity).
@@ -171,12 +187,15 @@ def update_denoise(
     ema_j = keep * state.ema + P @ s2
     norm_j = keep * state.ema_norm + P.sum(axis=1)
     n_j = state.num_groups + c
-    # Freeze c at the first valid group that completes the warm-up.
-    crossing = valid & (n_j >= config.warmup_groups) & (~state.frozen)
+    # Freeze c at the first valid group that completes the warm-up with a disagreement above
+    # the floor (the start-up-corrected EMA at that group); until then the weight stays 1.
+    s2_hat_j = ema_j / jnp.maximum(norm_j, 1e-12)
+    crossing = (
+        valid & (n_j >= config.warmup_groups) & (s2_hat_j > config.freeze_floor) & (~state.frozen)
+    )
     any_crossing = crossing.any()
-    j = jnp.argmax(crossing)
-    s2_hat = ema_j[j] / jnp.maximum(norm_j[j], 1e-12)
-    scale = jnp.where(s2_hat > 0, (config.target - 1.0) / jnp.maximum(s2_hat, 1e-12), 0.0)
+    s2_hat = s2_hat_j[jnp.argmax(crossing)]
+    scale = (config.target - 1.0) / jnp.maximum(s2_hat, config.freeze_floor)
     return DenoiseState(
         ema=ema_j[-1],
         ema_norm=norm_j[-1],

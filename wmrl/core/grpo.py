@@ -55,7 +55,13 @@ def group_advantages(
       eps: added to the std.
 
     Returns:
-      [N] advantages; 0 for invalid samples and for groups with fewer than 2 valid samples.
+      [N] advantages; exactly 0 for invalid samples, for groups with fewer than 2 valid samples
+      (verl would give them r / (1 + eps); we give no signal where there is no comparison) and
+      for groups whose valid rewards are all equal.
+
+    The std is the population std of the group's valid rewards (divide by the count, as the
+    paper's reference does), not the sample std that verl and Tunix use (divide by count - 1):
+    for a group of n valid rewards, ours = theirs * sqrt((n - 1) / n) before eps.
     """
     n = rewards.shape[0]
     _check_group_size(n, group_size)
@@ -69,6 +75,11 @@ def group_advantages(
     )
     mf = m.astype(jnp.float32)
     count = mf.sum(axis=1, keepdims=True)
+    # The float32 mean of G equal values can land one ulp off the value; divided by (a std of
+    # one ulp) + eps that would give an all-equal group advantages of order 0.1, all of one
+    # sign. Such a group is detected exactly (max == min over its valid rows) and gets 0.
+    lo = jnp.min(jnp.where(m, r, jnp.inf), axis=1, keepdims=True)
+    hi = jnp.max(jnp.where(m, r, -jnp.inf), axis=1, keepdims=True)
     total = (r * mf).sum(axis=1, keepdims=True)
     mean = total / jnp.maximum(count, 1.0)
     if baseline == "mean":
@@ -78,8 +89,10 @@ def group_advantages(
     if normalize_std:
         var = (jnp.square(r - mean) * mf).sum(axis=1, keepdims=True) / jnp.maximum(count, 1.0)
         denom = jnp.sqrt(var) + eps
-        centred = centred / jnp.where(denom > 0, denom, 1.0)  # all-equal group -> 0
-    adv = jnp.where(m & (count >= 2), centred, 0.0)
+        centred = centred / jnp.where(denom > 0, denom, 1.0)
+    # A group whose valid rewards are all equal carries no signal: exactly 0, whatever the baseline.
+    informative = (count >= 2) & (hi > lo)
+    adv = jnp.where(m & informative, centred, 0.0)
     return adv.reshape(n)
 
 

@@ -37,7 +37,10 @@ class RoutingConfig:
 def num_anchor_groups(
     num_groups: int, free_capacity: jax.Array | int, config: RoutingConfig, rho=None
 ):
-    """`min(max(round(rho * num_groups), min_groups), free_capacity, num_groups)`.
+    """`min(max(floor(rho * num_groups + 0.5), min_groups), free_capacity, num_groups)`.
+
+    The count rounds half up (`floor(x + 0.5)`: 0.5 -> 1, 2.5 -> 3), not half to even as
+    Python's `round` does (2.5 -> 2); the uncertainty share of the budget rounds the same way.
 
     `free_capacity` is in groups (free sandbox slots // group size); it may be traced.
     `rho`: the target fraction in force when it is not `config.rho` (the fidelity-driven
