@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,34 @@ def test_bad_config_names_field_and_writes_nothing(tmp_path, override, field):
     assert proc.returncode != 0
     assert field in proc.stderr
     assert not wd.exists()
+
+
+def test_a_workdir_that_cannot_be_written_is_refused_in_one_line(tmp_path):
+    """A file in the workdir's place (or above it), or a read-only file system: once a raw
+    traceback at the first write; now one line naming --workdir and a non-zero exit."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("keep")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    base = [sys.executable, "-m", "wmrl.main", "--config=configs/bandit.py", *TINY]
+    cases = [
+        ([*base, f"--workdir={a_file}"], f"--workdir: {a_file} is a file, not a directory"),
+        ([*base, f"--workdir={a_file}/run"], f"cannot be made: {a_file} is a file"),
+    ]
+    if os.geteuid() == 0 and subprocess.run(["unshare", "-m", "true"]).returncode == 0:
+        # A read-only mount seen by this command only (its own mount namespace).
+        run = shlex.join([*base, f"--workdir={readonly}/run"])
+        cases.append(
+            (["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {readonly} && exec {run}"],
+             f"--workdir: {readonly}/run cannot be written: {readonly} is read-only"),
+        )  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        for cmd, _ in cases
+    ]
+    for p, (_, needle) in zip(procs, cases, strict=True):
+        _, stderr = p.communicate(timeout=300)
+        assert p.returncode == 2 and needle in stderr, stderr[-2000:]
+        assert "Traceback" not in stderr, stderr[-2000:]
+    assert a_file.read_text() == "keep" and list(readonly.iterdir()) == []

@@ -36,6 +36,9 @@ def test_default_config_is_valid():
         ("rl.eval_at_s", (0.0, 10.0), "config.rl.eval_at_s: point 0 must be a number > 0"),
         ("data.heldout_scripts_per_task", 0, "config.data.heldout_scripts_per_task: must be"),
         ("data.heldout_scripts_per_task", -2, "config.data.heldout_scripts_per_task: must be"),
+        # Past a day (a task's own bound) the sandbox's waits no longer fit: every run UNGRADED.
+        ("suite.time_limit_s", 1e9, "config.suite.time_limit_s: must be at most 86400 s"),
+        ("suite.time_limit_s", 86_400.5, "config.suite.time_limit_s: must be at most"),
     ],
 )
 def test_bad_field_is_named(field, value, message):

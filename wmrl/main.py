@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 from absl import app, flags, logging
 from etils import epath
@@ -60,6 +61,27 @@ def check_fresh_workdir(workdir: epath.Path) -> None:
         )
 
 
+def check_writable_workdir(workdir: epath.Path) -> None:
+    """A local workdir must be a directory we can write in, or one we can create: a file in
+    its place, or a read-only file system, is refused here in one line instead of failing at
+    the first write. Nothing is created (URLs are checked by `storage.check_backend`)."""
+    if not storage.is_local(workdir):
+        return
+    path = Path(os.fspath(workdir)).absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"cannot be made: {existing} is a file"
+        raise ConfigError("--workdir", f"{path} {what}, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            "--workdir",
+            f"{path} cannot be written: {existing} is read-only (a read-only file system or "
+            "no write permission)",
+        )
+
+
 def prepare_workdir(workdir: epath.Path, config) -> None:
     """Write the resolved config (process 0 only)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +110,7 @@ def main(argv: list[str]) -> None:
         )
         storage.check_backend(workdir, orbax=config.experiment == "autoresearch")
         check_fresh_workdir(workdir)
+        check_writable_workdir(workdir)
         if config.experiment == "autoresearch":
             from wmrl.rl.experiment import check_resumable
 
@@ -104,7 +127,11 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     distributed.maybe_initialize(cluster)
     if distributed.writes_outputs(cluster):
-        prepare_workdir(workdir, config)
+        try:
+            prepare_workdir(workdir, config)
+        except OSError as e:  # what the check could not see (e.g. a full disk)
+            print(f"error: --workdir: cannot write {workdir}: {e}", file=sys.stderr)
+            sys.exit(2)
     if config.experiment == "bandit":
         use_all_cpu_cores()
         from wmrl.bandits.experiment import run_suite

@@ -172,6 +172,7 @@ def _check_numbers(config) -> None:
         "policy.sft_learning_rate",
     ):
         _finite(config, field, above=0)  # fmt: skip
+    _check_time_limit_cap(config.suite.time_limit_s)
     for field in ("rl.clip_eps", "rl.kl_coef", "rl.max_wall_time_s", "rl.entropy_coef",
                   "wm.rank_coef", "wm.runtime_coef", "wm.error_type_coef",
                   "wm.validation_coef", "correction.min_slope"):  # fmt: skip
@@ -208,6 +209,19 @@ def _check_numbers(config) -> None:
             f"config.suite.workers={config.suite.workers} is above the {cores} CPU cores of "
             "this machine: the sandboxes will share cores and every execution will run slower",
             stacklevel=3,
+        )
+
+
+def _check_time_limit_cap(cap) -> None:
+    """`suite.time_limit_s` caps each task's time limit: no higher than a task's own bound
+    (`task.MAX_TIME_LIMIT_S`, a day), past which the sandbox's waits no longer fit."""
+    from wmrl.envs.autoresearch.task import MAX_TIME_LIMIT_S
+
+    if cap > MAX_TIME_LIMIT_S:
+        raise ConfigError(
+            "config.suite.time_limit_s",
+            f"must be at most {MAX_TIME_LIMIT_S:g} s (a day: the longest time limit a task may "
+            f"have), got {cap!r}",
         )
 
 
