@@ -144,3 +144,57 @@ class JsonlWriter:
     def close(self) -> None:
         self.flush()
         self._close_handle()
+
+
+# The field `StepLog` stamps on every record: the RL step that wrote it.
+WRITTEN_AT = "written_at_step"
+
+
+def written_at(record: dict) -> int:
+    """The RL step that wrote `record` (records of runs logged before the stamp existed: their
+    own `step`, which was the writing step for every record those runs could resume)."""
+    return record.get(WRITTEN_AT, record.get("step", 0))
+
+
+class StepLog:
+    """A run's record files (`names` under `folder`), each record stamped with the RL step
+    that wrote it (`WRITTEN_AT`), and cut by that stamp when the run resumes.
+
+    A resumed run restores the checkpoint of step k and redoes the steps after it, writing
+    their records again, so `restart_at(k)` first removes what those steps wrote, from every
+    file by the same rule. What a record is about cannot decide it: a step may record an
+    earlier step's results (with `rl.anchor_lag = 1` the anchor pairs step t trains on are
+    step t-1's, and labelled so), and such records survive a cut by their label and are then
+    written twice. The journals of real executions (`wmrl.rl.anchors`) are not step logs:
+    they are kept whole, keyed by what was executed, so that a redone step reuses them.
+
+    Local files are appended as records come; remote ones are uploaded by `flush`, which the
+    caller runs before every checkpoint so that no checkpoint is ahead of its records.
+    """
+
+    def __init__(self, folder: str | os.PathLike, names: tuple[str, ...]):
+        folder = epath.Path(folder)
+        self.files = {name: JsonlWriter(folder / name) for name in names}
+
+    def restart_at(self, step: int | None) -> None:
+        """Keep the records written at steps <= `step` (what the restored checkpoint of step
+        `step` had seen), or none (None: a fresh run)."""
+        for f in self.files.values():
+            if step is None:
+                f.delete()
+            else:
+                f.keep_only(lambda r: written_at(r) <= step)
+
+    def write(self, name: str, records: list[dict], step: int) -> list[dict]:
+        """Append `records` to file `name`, written by RL step `step`; returns them stamped."""
+        stamped = [{**r, WRITTEN_AT: int(step)} for r in records]
+        self.files[name].write(stamped)
+        return stamped
+
+    def flush(self) -> None:
+        for f in self.files.values():
+            f.flush()
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()

@@ -141,11 +141,13 @@ class _EventFiles:
         pass  # object stores have no folders to create
 
 
-def tensorboard_writer(logdir: epath.Path):
+def tensorboard_writer(logdir: epath.Path, purge_step: int | None = None):
     """A tensorboardX SummaryWriter for `logdir`; a remote one writes through epath (this
-    registers our writer for its URL scheme in tensorboardX, for the whole process)."""
+    registers our writer for its URL scheme in tensorboardX, for the whole process).
+    `purge_step`: TensorBoard hides what earlier event files of `logdir` logged at steps >=
+    it (a resumed run writes those steps again)."""
     from tensorboardX import SummaryWriter, record_writer
 
     if not is_local(logdir):
         record_writer.register_writer_factory(os.fspath(logdir).split("://")[0], _EventFiles())
-    return SummaryWriter(os.fspath(logdir))
+    return SummaryWriter(os.fspath(logdir), purge_step=purge_step)

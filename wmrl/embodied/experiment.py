@@ -6,7 +6,9 @@ real rollouts -> summary and plots. Importable from a notebook (`colabs/embodied
 
 Files in the workdir (a local folder):
     config.json     the resolved config (a resume under another config is refused)
-    metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval")
+    metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval"),
+                    each with the step that wrote it (`written_at_step`: a resume cuts what
+                    the steps after its checkpoint wrote, `wmrl.jsonl.StepLog`)
     summary.json    final results (its presence marks the run finished)
     checkpoints/    step_<n>.npz (the RL state pytree) + replay_<n>.npz + meta_<n>.json
     plots/          heldout_success.png, wm_diagnostics.png
@@ -33,7 +35,7 @@ from wmrl.config_errors import ConfigError
 from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import rl, rollout, stages
 from wmrl.embodied import world_model as wmodel
-from wmrl.jsonl import read_jsonl
+from wmrl.jsonl import StepLog, read_jsonl
 
 
 def _flat(d, prefix=""):
@@ -154,36 +156,29 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         np.random.default_rng([config.seed, 999]), held_tasks, config.rl.eval_episodes, spec
     )
     ck_dir = workdir / "checkpoints"
-    metrics_path = workdir / "metrics.jsonl"
+    # Records stamped with the step that wrote them and cut by it on resume, as the
+    # AutoResearch run's (`wmrl.jsonl.StepLog`).
+    step_log = StepLog(workdir, ("metrics.jsonl",))
     last = latest_checkpoint(ck_dir)
+    step_log.restart_at(last)
+    records = read_jsonl(workdir / "metrics.jsonl")
+
+    def log(rec, step: int):
+        records.extend(step_log.write("metrics.jsonl", [rec], step))
+
     if last is not None:
         state = ckpt.load_tree(ck_dir / f"step_{last}.npz", template)
         with np.load(ck_dir / f"replay_{last}.npz") as f:
             replay = {k: f[k] for k in f.files}
         meta = json.loads((ck_dir / f"meta_{last}.json").read_text())
         wall = meta["wall_time_s"]
-        records = [r for r in read_jsonl(metrics_path) if r.get("step", 0) <= last]
     else:
         state = template
         replay = wm_data if wm_data is not None else {}
         wall = 0.0
         ev = evaluate(trainer, state["policy"], eval_starts, config.seed)
-        records = [
-            {
-                "kind": "eval",
-                "step": 0,
-                "real_episodes": 0,
-                "wm_episodes": 0,
-                "wall_time_s": 0.0,
-                **ev,
-            }
-        ]
-    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in records))
-
-    def log(rec):
-        records.append(rec)
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        base = {"kind": "eval", "step": 0, "real_episodes": 0, "wm_episodes": 0}
+        log({**base, "wall_time_s": 0.0, **ev}, 0)
 
     steps = config.rl.steps
     while int(state["step"]) < steps:
@@ -192,7 +187,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         jax.block_until_ready(state["policy"])
         wall += time.monotonic() - t0
         t = int(state["step"])
-        log({"kind": "step", **m, "wall_time_s": wall})
+        log({"kind": "step", **m, "wall_time_s": wall}, t)
         if progress:
             print(
                 f"[{config.mode}] step {t}/{steps} real={m['real_episodes']} "
@@ -209,7 +204,8 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
                     "wm_episodes": int(state["wm_episodes"]),
                     "wall_time_s": wall,
                     **ev,
-                }
+                },
+                t,
             )
             if progress:
                 print(
@@ -224,6 +220,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
                 n = int(old.stem.split("_")[1].split(".")[0])
                 if n < t - config.rl.checkpoint_every:
                     old.unlink()
+    step_log.close()
     summary = make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s)
     if write_outputs:
         from wmrl.embodied.plots import plot_run

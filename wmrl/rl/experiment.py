@@ -7,6 +7,8 @@ plots. Importable from a notebook (`colabs/ablations.ipynb`).
 Files in the workdir:
     metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval")
     pairs.jsonl     the anchor pairs (raw WM score, calibrated score, real reward) per step
+                    (`step`: the step whose anchors they are; with rl.anchor_lag = 1 the
+                    next step trains on them and writes them)
     anchors.jsonl   journal of every real anchor execution (survives preemption); with
                     several processes one per process, anchors.p{index}.jsonl
     heldout.jsonl   the same for the held-out evaluations' executions (a resumed run reuses
@@ -25,6 +27,12 @@ to `config.data_dir` (which must be local) or else to a local cache folder
 (`wmrl.storage.local_cache_dir`). On an object store, metrics.jsonl and pairs.jsonl are
 uploaded whole before every checkpoint (and at the end), the journal at the end of every RL
 step (see `wmrl.jsonl.JsonlWriter` and `wmrl.rl.anchors.AnchorJournal`).
+
+A run resumes from its latest checkpoint (step k; `wmrl.rl.checkpoint`). Every record of
+metrics.jsonl and pairs.jsonl carries `written_at_step`, the step that wrote it, and those
+written after step k are cut from both files by that one rule (`wmrl.jsonl.StepLog`), then
+written again by the redone steps; TensorBoard hides its scalars of steps after k. The
+journals are kept whole: a redone step reuses the executions they hold.
 
 Wall-clock (`wall_time_s`) counts RL steps only (generation, execution, WM scoring,
 training); held-out evaluations, checkpoint writes and the one-time XLA compilation of the
@@ -54,7 +62,7 @@ from tqdm import tqdm
 
 from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
-from wmrl.jsonl import JsonlWriter, read_jsonl
+from wmrl.jsonl import StepLog, read_jsonl
 from wmrl.rl import config as rlconfig
 from wmrl.rl import data as rldata
 from wmrl.rl import models, stages
@@ -117,35 +125,38 @@ def check_resumable(config, workdir: str | os.PathLike) -> None:
 class _Log:
     """metrics.jsonl / pairs.jsonl / TensorBoard, written by the output owner only.
 
+    The JSONL files are a `wmrl.jsonl.StepLog`: every record carries the step that wrote it
+    (`written_at_step`), and a resume cuts every file by that stamp (a step's pairs, labelled
+    with the step whose anchors they are, may be written one step later). TensorBoard's
+    scalars of the steps a resume redoes are hidden by the new event file (its purge step).
     Local workdir: records are appended (and TensorBoard flushed) as they come. Remote
     workdir: they are uploaded by `flush`, which `run` calls before every checkpoint, so a
-    restored checkpoint never has steps whose records were lost (records past it are cut on
-    resume, as locally).
+    restored checkpoint never has steps whose records were lost.
     """
 
     NAMES = ("metrics.jsonl", "pairs.jsonl")
 
     def __init__(self, workdir: epath.Path, enabled: bool):
         self.enabled = enabled
+        self.workdir = workdir
         self.local = storage.is_local(workdir)
-        self.files = {name: JsonlWriter(workdir / name) for name in self.NAMES}
-        self.tb = storage.tensorboard_writer(workdir / "tb") if enabled else None
+        self.files = StepLog(workdir, self.NAMES)
+        self.tb = None  # opened by `restart_at`, which knows the steps to hide
 
     def restart_at(self, step: int | None) -> None:
-        """Keep the records of steps <= step (those a restored checkpoint contains), or
-        none (step None: a fresh run)."""
+        """Keep the records written by steps <= step (those a restored checkpoint has seen),
+        or none (step None: a fresh run); open TensorBoard past them."""
         if not self.enabled:
             return
-        for f in self.files.values():
-            if step is None:
-                f.delete()
-            else:
-                f.keep_only(lambda r: r.get("step", 0) <= step)
+        self.files.restart_at(step)
+        purge = 0 if step is None else step + 1
+        self.tb = storage.tensorboard_writer(self.workdir / "tb", purge_step=purge)
 
-    def write(self, name: str, records: list[dict]) -> None:
+    def write(self, name: str, records: list[dict], step: int) -> None:
+        """Log `records` to file `name`, written by RL step `step` (the steps done so far)."""
         if not self.enabled or not records:
             return
-        self.files[name].write(records)
+        self.files.write(name, records, step)
         if name == "metrics.jsonl" and self.tb is not None:
             for r in records:
                 for k, v in r.items():
@@ -161,10 +172,11 @@ class _Log:
         self._each("close")
 
     def _each(self, method: str) -> None:
-        """Call `method` on every writer (JSONL files, then TensorBoard)."""
+        """Call `method` on the JSONL files, then on TensorBoard."""
         if self.enabled:
-            for writer in (*self.files.values(), self.tb):
-                getattr(writer, method)()
+            getattr(self.files, method)()
+            if self.tb is not None:
+                getattr(self.tb, method)()
 
 
 @dataclasses.dataclass
@@ -253,7 +265,7 @@ def run(
         if not st.evals:  # the warm-start policy's held-out reward, step 0
             ev = trainer.evaluate(st)
             st.evals.append(ev)
-            log.write("metrics.jsonl", [{"kind": "eval", **ev}])
+            log.write("metrics.jsonl", [{"kind": "eval", **ev}], st.step)
             log.flush()  # before the checkpoint: records never lag behind it
             ckpt.save(st, rlconfig.rl_seed(config))
         st, compile_s = _train(config, trainer, st, log, ckpt, progress)
@@ -348,8 +360,8 @@ def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
     while st.step < steps and not out_of_time():
         st, metrics, pairs = trainer.run_step(st)
         trainer.journal.flush()  # remote workdir: the step's executions, uploaded
-        log.write("metrics.jsonl", [{"kind": "step", **metrics}])
-        log.write("pairs.jsonl", pairs)
+        log.write("metrics.jsonl", [{"kind": "step", **metrics}], st.step)
+        log.write("pairs.jsonl", pairs, st.step)  # with the lag: the previous step's anchors
         last = st.step == steps or out_of_time()
         do_eval = st.step % config.rl.eval_every == 0 or last or _eval_due_s(config, st)
         do_save = st.step % config.rl.checkpoint_every == 0 or last
@@ -366,7 +378,7 @@ def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
             # evaluation carries it.
             ev = {**trainer.evaluate(st), "wall_time_s": trained_s, "anchor_drain_s": drain_s}
             st.evals.append(ev)
-            log.write("metrics.jsonl", [{"kind": "eval", **ev}])
+            log.write("metrics.jsonl", [{"kind": "eval", **ev}], st.step)
         if do_save:
             log.flush()
             ckpt.save(st, rlconfig.rl_seed(config))
@@ -460,7 +472,8 @@ def make_summary(
         "final_heldout_status_rates": evals[-1]["heldout_status_rates"],
         **_by_turn(evals),
         "wm_pretrain_heldout": held,
-        "warm_start": sft_report,
+        # without the stage's config (a loaded stage's report carries it, a built one's not)
+        "warm_start": {k: v for k, v in sft_report.items() if k != "config"},
         "stages_s": stage_s,
         "compile_s": compile_s,
         "device": str(jax.devices()[0].device_kind),
