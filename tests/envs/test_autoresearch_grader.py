@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import decimal
+import itertools
 import json
 import math
+import re
+import time
 
 import numpy as np
 import pandas as pd
@@ -11,9 +15,10 @@ import pytest
 from autoresearch_fixtures import make_tiny_task
 from sklearn import metrics as skm
 
-from wmrl.envs.autoresearch import metrics
+from wmrl.envs.autoresearch import grader, metrics
 from wmrl.envs.autoresearch.grader import (
     Status,
+    canonical_id,
     check_script,
     grade_submission,
     reward,
@@ -293,3 +298,158 @@ def test_grading_is_bounded_whatever_the_header(task, tmp_path):
         assert "header" in detail, (name, detail)
         assert seconds < 2.0, (name, seconds)
         assert rss_growth_mb < 100, (name, rss_growth_mb)
+
+
+# -- ids, labels and cells: linear-time parsing, exact canonical forms, bounded details -------
+
+# The number pattern as it was: ``\d+\.?\d*`` splits a run of digits between two loops in
+# every possible way, so a failing match is quadratic in the run's length.
+OLD_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+
+
+def _matches(pattern: re.Pattern, text: str) -> bool:
+    return pattern.fullmatch(text) is not None
+
+
+def test_number_pattern_matches_exactly_what_the_old_one_did():
+    alphabet = "01.+-eEx"
+    short = ["".join(p) for n in range(7) for p in itertools.product(alphabet, repeat=n)]
+    rng = np.random.default_rng(0)
+    pool = list("0123456789" * 4 + ".+-eE x١_")
+    longer = ["".join(rng.choice(pool, size=rng.integers(7, 40))) for _ in range(20_000)]
+    numbers = [
+        f"{s}{i}{p}{f}{e}"
+        for s in ("", "+", "-")
+        for i in ("", "0", "12")
+        for p in ("", ".")
+        for f in ("", "5", "050")
+        for e in ("", "e3", "E-07", "e+", "e")
+    ]
+    attacks = ["1" * 2000 + "a", "1" * 2000 + ".", "1" * 1000 + "." + "1" * 1000 + "e", "." * 9]
+    texts = short + longer + numbers + attacks
+    assert sum(_matches(OLD_NUMBER, t) for t in texts) > 1000  # both outcomes well covered
+    mismatched = [t for t in texts if _matches(OLD_NUMBER, t) != _matches(grader.NUMBER, t)]
+    assert mismatched == []
+
+
+def test_number_pattern_is_linear_on_the_attack_strings():
+    """A megabyte of digits and a letter: the old pattern took hours (30,000 digits: 30 s)."""
+    for text in ("1" * 2**20 + "a", "1" * 2**19 + "." + "1" * 2**19 + "a", "9" * 2**20 + "e+a"):
+        t0 = time.perf_counter()
+        assert grader.NUMBER.fullmatch(text) is None
+        assert time.perf_counter() - t0 < 0.5
+
+
+def test_canonical_id_hand_cases():
+    big = 2**53
+    assert canonical_id(str(big)) != canonical_id(str(big + 1))  # float() merges these two
+    assert canonical_id(str(big + 1)) == "9007199254740993"
+    assert canonical_id(f"{big + 1}.0") == "9007199254740993"
+    for spelling in ("7", "007", "+7", " 7\t", "7.", "7.0", "7.00", "0.7e1", "70E-1", "+0007e0"):
+        assert canonical_id(spelling) == "7", spelling
+    assert canonical_id("-007") == "-7"
+    for spelling in ("0", "-0", "+0.0", "0e5", ".0", "000"):
+        assert canonical_id(spelling) == "0", spelling
+    for spelling in ("0.5", "0.50", ".5", "5e-1", "50E-2", "+000.5000"):
+        assert canonical_id(spelling) == "0.5", spelling
+    assert canonical_id("1e3") == "1000" and canonical_id("1.5E+2") == "150"
+    assert canonical_id("12.345") == "12.345" and canonical_id("-0.00120") == "-0.0012"
+    assert canonical_id("1.0000000000000001") == "1.0000000000000001"  # float() says 1.0
+    # Beyond MAX_CELL_CHARS digits in plain form: mantissa and exponent.
+    assert canonical_id("1e5000") == "1e5000" == canonical_id("10e4999")
+    assert canonical_id("-2.50e-4000") == "-2.5e-4000"
+    assert canonical_id("1e999") == "1" + "0" * 999  # 1000 digits: still plain
+    assert canonical_id("1e1000") == "1e1000"
+    # Not ASCII decimal numbers: themselves, stripped.
+    for text in ("cat", "١٢", "1_0", "inf", "nan", "0x1F", "1e", "1.2.3", "--1", "7 7"):
+        assert canonical_id(f" {text} ") == text, text
+    assert canonical_id("a" * grader.MAX_CELL_CHARS) == "a" * grader.MAX_CELL_CHARS
+    with pytest.raises(ValueError, match="1,001 characters"):
+        canonical_id("1" * (grader.MAX_CELL_CHARS + 1))
+
+
+def _exact_form(text: str) -> str:
+    """The canonical form by the decimal module's exact arithmetic (plain notation)."""
+    value = decimal.Decimal(text)
+    if value == 0:
+        return "0"
+    return format(value.normalize(decimal.Context(prec=5000)), "f")
+
+
+def test_canonical_id_is_the_exact_value_of_every_number_spelling():
+    """Random spellings (signs, leading and trailing zeros, points, exponents) against the
+    decimal module's exact value: equal values give equal forms, distinct ones distinct."""
+    rng = np.random.default_rng(1)
+
+    def digits(n: int) -> str:
+        return "".join(rng.choice(list("0123456789"), size=n))
+
+    for _ in range(20_000):
+        whole, frac = digits(rng.integers(0, 25)), digits(rng.integers(0, 25))
+        point = "." if frac or rng.random() < 0.3 else ""
+        whole = whole if whole or frac else "0"
+        exp = "" if rng.random() < 0.5 else f"e{rng.choice(['', '+', '-'])}{rng.integers(0, 60)}"
+        text = f"{rng.choice(['', '+', '-'])}{whole}{point}{frac}{exp}"
+        assert canonical_id(text) == _exact_form(text), text
+
+
+def test_shorten_echoes_long_values_with_an_ellipsis_and_their_length():
+    assert grader.shorten("cat") == "'cat'"
+    assert grader.shorten("x" * 60) == repr("x" * 60)
+    assert grader.shorten("1" * 100, limit=5) == "'11111'…(100 chars)"
+    assert grader.shorten("é" * 2_000_000) == repr("é" * 60) + "…(2,000,000 chars)"
+
+
+def test_overlong_cells_are_invalid_quickly(task, tmp_path):
+    """An id cell of 30,000 digits and a letter (30 s of the old pattern) or of a megabyte
+    (hours): INVALID_SUBMISSION from the cell cap, before any number parsing."""
+    labels = pd.read_csv(task.labels_path, dtype=str)
+    for column, cell in (
+        ("id", "1" * 30_000 + "a"),
+        ("id", "1" * 2**20 + "a"),
+        ("label", "y" * 2**20),
+    ):
+        sub = labels.copy()
+        sub.loc[0, column] = cell
+        t0 = time.perf_counter()
+        g = grade_submission(task, _write(tmp_path, sub))
+        assert time.perf_counter() - t0 < 2.0
+        assert g.status == Status.INVALID_SUBMISSION
+        assert g.detail == (
+            f"a cell of column {column!r} has {len(cell):,} characters (at most 1,000)"
+        )
+    sub = labels.copy()
+    sub.loc[0, "id"] = "0" * 990 + sub.loc[0, "id"]  # at the cap: read, and the same id
+    assert grade_submission(task, _write(tmp_path, sub)).status == Status.VALID
+
+
+def test_details_never_echo_a_long_value_whole(task, tmp_path):
+    """Unknown labels of 1,000 characters (the cell cap), a 60,000-character column name
+    in a header without the id column: the detail names them, cut short."""
+    labels = pd.read_csv(task.labels_path, dtype=str)
+    sub = labels.assign(label=[f"{i:03d}" + "z" * 997 for i in range(len(labels))])
+    g = grade_submission(task, _write(tmp_path, sub))
+    assert g.status == Status.INVALID_SUBMISSION and "unknown class labels" in g.detail
+    assert g.detail.count("…(1,000 chars)") == 5 and len(g.detail) < 500, g.detail
+    path = tmp_path / "wide_name.csv"
+    path.write_text("n" * 60_000 + ",label\n1,yes\n")
+    g = grade_submission(task, path)
+    assert "lacks column 'id'" in g.detail and "…(60,000 chars)" in g.detail
+    assert len(g.detail) < 300, len(g.detail)
+
+
+def test_check_script_refuses_oversized_and_uncompilable_scripts_without_raising():
+    cap = grader.MAX_SCRIPT_BYTES
+    padded = b"print(1)\n#"
+    at_cap = padded + b"x" * (cap - len(padded))
+    assert len(at_cap) == cap and check_script(at_cap) is None
+    t0 = time.perf_counter()
+    why = check_script(at_cap + b"x")
+    assert why == f"script is {cap + 1:,} bytes, over the {cap:,}-byte limit"
+    assert check_script(b"#" * 270 * 2**20).startswith("script is 283,115,520 bytes")
+    assert time.perf_counter() - t0 < 1.0
+    # The compiler gives up on these (RecursionError, MemoryError): malformed, not a crash.
+    for source in (b"x = " + b"1+" * 100_000 + b"1\n", b"x = " + b"-" * 200_000 + b"1\n"):
+        why = check_script(source)
+        assert why is not None and why.startswith("does not compile:"), why
+        assert static_outcome(source) == (Status.MALFORMED, why)

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from wmrl.envs.autoresearch.grader import _canonical_label
+from wmrl.envs.autoresearch.grader import canonical_id
 from wmrl.envs.autoresearch.task import Task, TaskError, load_task
 
 EPISODE_FORMAT = 1  # bump when the layout or the split rule changes: cached builds are rebuilt
@@ -147,8 +147,8 @@ def _write(task: Task, out: Path, fingerprint: str) -> None:
     missing = [c for c in test.columns if c not in train.columns]
     if missing:
         raise TaskError(f"task {task.id}: test.csv columns {missing} are absent from train.csv")
-    label_ids = labels[id_col].map(_canonical_label)
-    test_ids = test[id_col].map(_canonical_label)
+    label_ids = labels[id_col].map(canonical_id)
+    test_ids = test[id_col].map(canonical_id)
     if len(labels) != len(test) or label_ids.duplicated().any() or set(label_ids) != set(test_ids):
         raise TaskError(f"task {task.id}: private/test_labels.csv ids do not match test.csv")
     rows = validation_rows(task, train)

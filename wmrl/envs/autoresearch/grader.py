@@ -2,19 +2,27 @@
 
 Statuses are an ``IntEnum`` so the world model can predict them as a class:
 
-    MALFORMED           0    not decodable as UTF-8, empty, or a syntax error
+    MALFORMED           0    not decodable as UTF-8, empty, over MAX_SCRIPT_BYTES, or
+                                  does not compile (a syntax error, or too deeply nested)
     RUNTIME_ERROR       1    0.1  non-zero exit, killed by a signal, memory error
     TIMEOUT             2    0.1  wall-clock or CPU-seconds limit
     NO_SUBMISSION       3    0.2  ran cleanly but wrote no submission file
-    INVALID_SUBMISSION  4    0.2  wrote one, but rows / ids / values are wrong
+    INVALID_SUBMISSION  4    0.2  wrote one, but rows / ids / values are wrong, a cell is
+                                  over MAX_CELL_CHARS, or it cannot be graded within the
+                                  grading CPU budget (``pool``)
     VALID               5    0.5 + 0.5 * percentile on the task's leaderboard
-    UNGRADED            6    NaN  the sandbox itself broke (infrastructure):
-                                  masked out of the loss, never scored 0
+    UNGRADED            6    NaN  the sandbox or the grader itself broke
+                                  (infrastructure): masked out of the loss, never 0
 
 Validation happens before scoring: the file must parse as CSV, hold the id
 column and the target column, one row per test id (no missing, extra or
 duplicate ids), and values of the right kind (finite numbers for regression
-and AUC, known class labels for accuracy/F1).
+and AUC, known class labels for accuracy/F1). Ids and class labels are compared
+by ``canonical_id``.
+
+The pool grades in a forked process with a CPU-time budget, never in the trainer's
+interpreter; everything here is also bounded on its own (header size, columns, rows,
+``MAX_CELL_CHARS``, linear-time patterns).
 """
 
 from __future__ import annotations
@@ -65,8 +73,23 @@ def reward(status: Status, pct: float | None = None) -> float:
     return _LADDER[Status(status)]
 
 
+# The largest script the pool accepts. A policy writes at most a few thousand tokens
+# (~15 KB) and a hand-written solution a few KB, so this is ~17 times anything real; it
+# bounds what is copied into the sandbox's work dir (its tmpfs must hold the script with
+# room to spare, see ``pool``) and the compile check below, which runs in the trainer's
+# process (CPython compiles the worst-shaped scripts at roughly 2 s per MB).
+MAX_SCRIPT_BYTES = 256 * 1024
+
+
 def check_script(source: bytes) -> str | None:
-    """Return why a script is malformed (None if it compiles). Never executes it."""
+    """Return why a script is malformed (None if it compiles). Never executes it.
+
+    The size is checked first, so an oversized script costs nothing to refuse. A script
+    the compiler gives up on (RecursionError or MemoryError on deep nesting such as
+    ``1+1+...+1``) is malformed like a syntax error: the same interpreter in the sandbox
+    would fail before its first line."""
+    if len(source) > MAX_SCRIPT_BYTES:
+        return f"script is {len(source):,} bytes, over the {MAX_SCRIPT_BYTES:,}-byte limit"
     if not source.strip():
         return "empty script"
     try:
@@ -77,6 +100,8 @@ def check_script(source: bytes) -> str | None:
         compile(text, "script.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
+    except (RecursionError, MemoryError) as e:
+        return f"does not compile: {type(e).__name__}: {e} (nested too deeply)"
     return None
 
 
@@ -147,21 +172,108 @@ class Grade:
     detail: str
     validation: float | None = None  # the raw metric on an episode task's validation rows
 
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "status": int(self.status)}
 
-# A plain ASCII decimal number: float() would also take "١" (Arabic-Indic one), "1_0" and
-# other spellings, making distinct id strings the same id.
-_ASCII_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+    @classmethod
+    def from_json(cls, fields: dict) -> Grade:
+        return cls(**{**fields, "status": Status(fields["status"])})
 
 
-def _canonical_label(x: str) -> str:
-    """'1', '1.0' and ' 1' are the same class; 'cat' stays 'cat'."""
-    s = str(x).strip()
-    if not _ASCII_NUMBER.fullmatch(s):
-        return s
-    f = float(s)
-    if math.isfinite(f) and f == int(f):
-        return str(int(f))
-    return s
+def task_to_json(task: Task) -> dict:
+    """A task's fields as JSON values: what the pool's grading process gets (``pool``)."""
+    fields = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
+    return {**fields, "root": str(task.root), "reference_scores": list(task.reference_scores)}
+
+
+def task_from_json(fields: dict) -> Task:
+    return Task(
+        **{
+            **fields,
+            "root": Path(fields["root"]),
+            "reference_scores": tuple(fields["reference_scores"]),
+        }
+    )
+
+
+# An ASCII decimal number: optional sign, digits with an optional point and fraction (or a
+# point and digits), optional exponent. float() would also take "١" (Arabic-Indic one),
+# "1_0", "inf" or "nan", making distinct id strings the same id. Unambiguous: every run of
+# digits is followed by something that is not a digit, so a failing match gives each
+# character back at most once (linear time). The older spelling ``\d+\.?\d*`` split a run
+# of digits between two loops in every possible way: quadratic, 30,000 digits and a letter
+# took 30 s.
+NUMBER = re.compile(
+    r"(?P<sign>[+-]?)(?:(?P<int>\d+)(?:\.(?P<frac>\d*))?|\.(?P<point_frac>\d+))"
+    r"(?:[eE](?P<exp>[+-]?\d+))?",
+    re.ASCII,
+)
+
+# The longest id, target or prediction cell a submission may hold, in characters. Real cells
+# are short (a float prints in at most 24); the cap bounds every per-cell step of grading
+# whatever a submission holds, and a task's own ids and labels must respect it too.
+MAX_CELL_CHARS = 1000
+
+# How many characters of a submitted value a detail message echoes (``shorten``).
+DETAIL_VALUE_CHARS = 60
+
+
+def canonical_id(cell: str) -> str:
+    """The form in which ids and class labels are compared: two cells name the same id (or
+    class) exactly when their canonical forms are equal.
+
+    Surrounding whitespace never counts. A cell that is an ASCII decimal number (``NUMBER``)
+    stands for its exact value, computed on its digits, with no float round trip (so 2**53
+    and 2**53 + 1 stay distinct); any other cell stands for itself. A value is written in
+    plain decimal with no "+", no leading zeros and no trailing zeros after the point:
+    "007", "+7", "7.0", "7.00", "0.7e1" and "70E-1" are all "7" (pandas writes an integer
+    id column it read as floats as "7.0"), "-0.0" is "0", "0.50", ".5" and "5e-1" are
+    "0.5", "1e3" is "1000". A value whose plain form would have more than MAX_CELL_CHARS
+    digits is written as mantissa and exponent instead ("1e5000", "-2.5e-4000").
+
+    Raises ValueError for a cell longer than MAX_CELL_CHARS: the grader refuses such a
+    submission cell before it gets here, and a task whose own ids or labels are that long
+    cannot be graded.
+    """
+    if len(cell) > MAX_CELL_CHARS:
+        raise ValueError(f"a cell of {len(cell):,} characters (at most {MAX_CELL_CHARS:,})")
+    text = cell.strip()
+    if text.isascii() and text.isdecimal() and (text[0] != "0" or len(text) == 1):
+        return text  # the commonest id, a plain decimal integer, is its own form
+    m = NUMBER.fullmatch(text)
+    if m is None:
+        return text
+    frac = m["frac"] or m["point_frac"] or ""
+    digits = ((m["int"] or "") + frac).lstrip("0")
+    if not digits:
+        return "0"
+    significant = digits.rstrip("0")
+    exp = int(m["exp"] or "0") - len(frac) + len(digits) - len(significant)
+    return ("-" if m["sign"] == "-" else "") + _decimal_text(significant, exp)
+
+
+def _decimal_text(digits: str, exp: int) -> str:
+    """``digits`` * 10**``exp`` (digits without leading or trailing zeros) in plain decimal,
+    or as mantissa and exponent where the plain form would exceed MAX_CELL_CHARS digits."""
+    point = len(digits) + exp  # where the decimal point goes, counted from the first digit
+    if max(point, len(digits), 1 - exp) > MAX_CELL_CHARS:
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{mantissa}e{point - 1}"
+    if exp >= 0:
+        return digits + "0" * exp
+    if point > 0:
+        return digits[:point] + "." + digits[point:]
+    return "0." + "0" * -point + digits
+
+
+def shorten(value: str, limit: int = DETAIL_VALUE_CHARS) -> str:
+    """How a detail message echoes a value it did not write (a submitted cell, a column
+    name, a parser's message): its repr, and past ``limit`` characters only the repr of its
+    start, an ellipsis and its length, so a detail stays short whatever a submission holds:
+    ``'12345'…(1,048,577 chars)``."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}…({len(value):,} chars)"
 
 
 def _invalid(detail: str) -> Grade:
@@ -169,8 +281,8 @@ def _invalid(detail: str) -> Grade:
 
 
 # A submission needs two columns; its header is checked before anything is parsed, so that
-# grading (in the trainer's process) stays cheap whatever the file: a 100,000-column header
-# once took 14 s and 526 MB, a 16 MB one 280 s and 8.2 GB.
+# grading stays cheap whatever the file: a 100,000-column header once took 14 s and 526 MB,
+# a 16 MB one 280 s and 8.2 GB.
 MAX_HEADER_BYTES = 64 * 1024
 MAX_COLUMNS = 1000
 
@@ -179,7 +291,8 @@ def _read_submission(task: Task, path: Path, n_rows: int) -> pd.DataFrame | Grad
     """The id and target columns of at most ``n_rows + 1`` rows, or the reason it is invalid.
 
     Bounded work: the header is read (at most MAX_HEADER_BYTES) and checked first; pandas
-    then parses only the two needed columns and stops after one row more than the test set.
+    then parses only the two needed columns and stops after one row more than the test set;
+    no cell over MAX_CELL_CHARS reaches the per-cell parsing.
     """
     with open(path, "rb") as f:
         head = f.readline(MAX_HEADER_BYTES + 1)
@@ -194,23 +307,33 @@ def _read_submission(task: Task, path: Path, n_rows: int) -> pd.DataFrame | Grad
     try:
         names = [c.strip() for c in next(csv.reader([text.rstrip("\r\n")]), [])]
     except csv.Error as e:
-        return _invalid(f"submission header is not readable CSV: {e}")
+        return _invalid(f"submission header is not readable CSV: {shorten(str(e), 200)}")
     if len(names) > MAX_COLUMNS:
         return _invalid(f"submission header has {len(names)} columns (at most {MAX_COLUMNS})")
     for col in (task.id_column, task.target):
         count = names.count(col)
         if count == 0:
-            return _invalid(f"submission lacks column {col!r} (has {names[:10]})")
+            has = ", ".join(shorten(n) for n in names[:10])
+            return _invalid(f"submission lacks column {col!r} (has [{has}])")
         if count > 1:
             return _invalid(f"column {col!r} appears {count} times in the submission header")
     wanted = sorted({names.index(task.id_column), names.index(task.target)})
     try:
         sub = pd.read_csv(path, usecols=wanted, dtype=str, keep_default_na=False, nrows=n_rows + 1)
     except Exception as e:  # any parse failure is the agent's fault
-        return _invalid(f"submission is not a readable CSV: {type(e).__name__}: {e}")
+        return _invalid(
+            f"submission is not a readable CSV: {type(e).__name__}: {shorten(str(e), 200)}"
+        )
     sub.columns = [str(c).strip() for c in sub.columns]
     if sorted(sub.columns) != sorted([task.id_column, task.target]):
-        return _invalid(f"submission header could not be parsed (read {list(sub.columns)})")
+        read = ", ".join(shorten(c) for c in sub.columns)
+        return _invalid(f"submission header could not be parsed (read [{read}])")
+    for col in (task.id_column, task.target):
+        longest = int(sub[col].str.len().max()) if len(sub) else 0
+        if longest > MAX_CELL_CHARS:
+            return _invalid(
+                f"a cell of column {col!r} has {longest:,} characters (at most {MAX_CELL_CHARS:,})"
+            )
     return sub
 
 
@@ -241,10 +364,10 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
         return _invalid(f"submission has more than {len(labels)} rows (the test set's)")
     if len(sub) != len(labels):
         return _invalid(f"submission has {len(sub)} rows, test set has {len(labels)}")
-    sub_ids = sub[task.id_column].map(_canonical_label)
+    sub_ids = _canonical(sub[task.id_column])
     if sub_ids.duplicated().any():
         return _invalid("duplicate ids in submission")
-    true_ids = labels[task.id_column].map(_canonical_label)
+    true_ids = _canonical(labels[task.id_column])
     if set(sub_ids) != set(true_ids):
         return _invalid("submission ids do not match the test ids")
     pred = sub.set_index(sub_ids)[task.target].reindex(true_ids).to_numpy()
@@ -255,19 +378,22 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
             return _invalid("predictions must be finite numbers (found NaN, inf or text)")
         y_pred = values
     else:
-        y_pred = np.array([_canonical_label(v) for v in pred], dtype=object)
+        y_pred = _canonical(pd.Series(pred)).to_numpy(dtype=object)
         if any(v == "" for v in y_pred):
             return _invalid("empty predictions")
     if task.type == "regression":
         y_true = labels[task.target].astype(float).to_numpy()
     elif metric.needs_scores:
-        y_true = labels[task.target].map(_canonical_label).astype(int).to_numpy()
+        y_true = _canonical(labels[task.target]).astype(int).to_numpy()
     else:
-        y_true = labels[task.target].map(_canonical_label).to_numpy(dtype=object)
+        y_true = _canonical(labels[task.target]).to_numpy(dtype=object)
         known = set(y_true[n_test:]) if validation is not None else set(y_true)
-        unknown = set(y_pred) - known - _train_classes(task)
+        unknown = set(y_pred) - known
+        if unknown:  # train.csv is read only when the labels do not settle it
+            unknown -= _train_classes(task)
         if unknown:
-            return _invalid(f"predictions contain unknown class labels {sorted(unknown)[:5]}")
+            shown = ", ".join(shorten(v) for v in sorted(unknown)[:5])
+            return _invalid(f"predictions contain unknown class labels [{shown}]")
     score = metric.fn(y_true[:n_test], y_pred[:n_test])
     if not math.isfinite(score):
         return _invalid(f"score is not finite ({score})")
@@ -283,9 +409,16 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
     return Grade(Status.VALID, score, pct, reward(Status.VALID, pct), "ok", val_score)
 
 
+def _canonical(cells: pd.Series) -> pd.Series:
+    """``canonical_id`` of every cell, computed once per distinct cell (labels repeat)."""
+    values = cells.to_numpy(dtype=object)  # iterating pandas' arrow strings is slow
+    forms = {cell: canonical_id(cell) for cell in set(values)}
+    return pd.Series([forms[cell] for cell in values], index=cells.index, dtype=object)
+
+
 def _train_classes(task: Task) -> set[str]:
     col = _read_str_csv(task.public_dir / "train.csv", task.target)[task.target]
-    return {_canonical_label(v) for v in col.unique()}
+    return {canonical_id(v) for v in col.unique()}
 
 
 def _read_str_csv(path: Path, column: str | None) -> pd.DataFrame:

@@ -7,10 +7,13 @@
         pool.free_slots()                  # anchor routing caps its budget by this
 
 Every execution is forked from one template process (``forkserver``) that
-has numpy/pandas/scikit-learn imported. Infrastructure failures (the
-template died, a supervisor crashed, the work dir could not be built) are
-retried once and otherwise returned as ``Status.UNGRADED``, which the trainer
-masks out; agent failures are never retried.
+has numpy/pandas/scikit-learn imported, and so is the grading of its
+submission: no submission is ever parsed in the trainer's interpreter, whose
+threads therefore keep running whatever a submission holds. Infrastructure
+failures (the template died, a supervisor or the grader crashed, the work dir
+could not be built) are retried once and otherwise returned as
+``Status.UNGRADED``, which the trainer masks out; agent failures are never
+retried.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +39,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from wmrl.envs.autoresearch import cgroups, linux, sandbox
-from wmrl.envs.autoresearch.grader import Status, check_script, grade_submission, reward
+from wmrl.envs.autoresearch.grader import (
+    MAX_SCRIPT_BYTES,
+    Grade,
+    Status,
+    check_script,
+    reward,
+    task_to_json,
+)
 from wmrl.envs.autoresearch.observation import error_type_of
 from wmrl.envs.autoresearch.sandbox import Limits
 from wmrl.envs.autoresearch.task import Task
@@ -216,7 +228,8 @@ class _TemplateProcess:
                 event.set()
             self._waiting.clear()
 
-    def run(self, job: dict, timeout: float) -> None:
+    def run(self, job: dict, timeout: float) -> int:
+        """Send a job, wait for its process to report; its exit code (0: done)."""
         event, box = threading.Event(), []
         with self._lock:
             if not self.alive():
@@ -225,9 +238,9 @@ class _TemplateProcess:
             self.proc.stdin.write((json.dumps(job) + "\n").encode())
             self.proc.stdin.flush()
         if not event.wait(timeout) or not box:
-            raise InfrastructureError("supervisor did not report back")
-        if box[0] != 0:
-            raise InfrastructureError(f"supervisor exited with {box[0]}")
+            what = "grader" if "grade" in job else "supervisor"
+            raise InfrastructureError(f"{what} did not report back")
+        return box[0]
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -260,6 +273,20 @@ def clean_dead_owners(parent: str) -> list[str]:
     if cgroups.available():
         removed += cgroups.remove_dead_owners(linux.owner_alive)
     return removed
+
+
+def _open_to_slot(workdir: Path, data_dir: Path, uid: int) -> None:
+    """rlimits as root: let the slot's uid reach its data copies and its cwd
+    (``workdir/work``, made 0700 and its own by the supervisor), and nothing else.
+
+    The work dir stays ours, mode 0711: the script may pass through it but neither list it
+    nor add, rename or replace an entry, so the files that root processes write or read
+    there by name afterwards (result.json, out/, the submission copy) cannot be symlinks
+    it planted. Its script (0600), out/ (0700) and the data copies (in a 0700 directory of
+    the slot's uid) stay unreadable to a sibling slot, which runs as another uid.
+    """
+    os.chmod(workdir, 0o711)
+    os.chown(data_dir, uid, uid)
 
 
 def _check_traversable(path: str) -> None:
@@ -310,6 +337,7 @@ class SandboxPool:
     ):
         self.num_workers = num_workers or os.cpu_count() or 1
         self.prefork = prefork
+        _check_limit_overrides(limit_overrides)
         self.seed = int(seed)
         self._limit_overrides = limit_overrides
         self._time_limit_cap_s = time_limit_cap_s
@@ -507,20 +535,20 @@ class SandboxPool:
         try:
             prefix = re.sub(r"[^A-Za-z0-9._-]", "_", task.id[:40]) + "-"
             workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=self._workroot))  # 0700
-            (workdir / "out").mkdir()
+            (workdir / "out").mkdir(mode=0o700)
             (workdir / "root").mkdir()
             if self._level == "namespaces":
                 data_dir = task.public_dir  # bind-mounted read-only: nothing to copy
             else:  # the script may run as our own user here: give it copies
                 data_dir = workdir / "data"
-                data_dir.mkdir()
+                data_dir.mkdir(mode=0o700)
                 for name in ("train.csv", "test.csv", "description.md"):
                     shutil.copyfile(task.public_dir / name, data_dir / name)
-            (workdir / "script.py").write_bytes(source)
+            fd = os.open(workdir / "script.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(source)
             if self._level == "rlimits" and os.geteuid() == 0:
-                # The slot's own 0700 directory: a sibling slot (another uid) cannot enter
-                # it to copy the data, the script or the submission.
-                os.chown(workdir, uid, uid)
+                _open_to_slot(workdir, data_dir, uid)
             job = {
                 "id": f"{self.owner}-{uuid.uuid4().hex}",
                 "workdir": str(workdir),
@@ -534,12 +562,18 @@ class SandboxPool:
                 "seed": sandbox.execution_seed(self.seed, key),
                 "cpus": self._slot_cpus[slot],
             }
-            self._template_for_job().run(job, timeout=limits.time_limit_s + 60)
+            code = self._template_for_job().run(job, timeout=limits.time_limit_s + 60)
+            if code != 0:
+                raise InfrastructureError(f"supervisor exited with {code}")
             raw = json.loads((workdir / "result.json").read_text())
             if raw.get("infra_error"):
                 raise InfrastructureError(raw["infra_error"])
             reported = True
-            return self._grade(task, limits, raw, workdir / "out" / "submission.csv")
+            outcome = _script_outcome(limits, raw)
+            if outcome is None:  # it ran cleanly: its submission decides
+                sub_path = workdir / "out" / "submission.csv"
+                outcome = self._grade_submission(task, limits, raw["submission"], sub_path)
+            return _result(task, raw, outcome)
         finally:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -550,48 +584,122 @@ class SandboxPool:
                 cgroups.remove_stale(self._stale_cgroups[-1], timeout=0.5)
             self._slots.put(slot)
 
-    def _grade(self, task: Task, limits: Limits, raw: dict, sub_path: Path) -> ExecutionResult:
-        cpu_limit = int(limits.time_limit_s) + 1
-        cpu_hit = raw.get("cpu_s") is not None and raw["cpu_s"] >= cpu_limit - 0.05
-        sig = raw.get("signal")
-        detail, validation = "", None
-        if raw.get("oom_killed"):
-            status, score, pct = Status.RUNTIME_ERROR, None, None
-            detail = "memory limit (a process was OOM-killed in the job cgroup)"
-        elif raw["timed_out"] or (sig is not None and cpu_hit) or sig == 24:  # 24 = SIGXCPU
-            status, score, pct, detail = Status.TIMEOUT, None, None, "time limit"
-        elif sig is not None or raw.get("exit_code") not in (0, None):
-            status, score, pct = Status.RUNTIME_ERROR, None, None
-            detail = f"signal {sig}" if sig is not None else f"exit code {raw['exit_code']}"
-        else:
-            sub = raw.get("submission")
-            grade = grade_submission(task, sub_path) if sub == "ok" else None
-            if sub == "too_large":
-                status, score, pct = Status.INVALID_SUBMISSION, None, None
-                detail = f"submission larger than {limits.submission_mb} MB"
-            elif grade is None:
-                status, score, pct, detail = Status.NO_SUBMISSION, None, None, "no submission"
-            else:
-                status, score, pct, detail, validation = (
-                    grade.status,
-                    grade.score,
-                    grade.percentile,
-                    grade.detail,
-                    grade.validation,
+    def _grade_submission(self, task: Task, limits: Limits, copied: str, path: Path) -> Grade:
+        """The grade of a cleanly finished script's submission (``copied``: what the
+        supervisor's copy-out said), graded in a fork of the template (``forkserver``).
+
+        Out of the trainer's interpreter, so nothing a submission holds can hold the GIL;
+        within ``limits.grade_cpu_s`` of CPU time, or the submission is INVALID (it cannot
+        be graded in bounded time: the submitter's doing, as nothing else runs in that
+        process). A grader that crashes, or is killed at its wall-clock deadline without
+        having used its CPU budget (a stalled host), is the infrastructure's failure:
+        InfrastructureError, retried, then UNGRADED.
+        """
+        if copied == "too_large":
+            return _grade_of(
+                Status.INVALID_SUBMISSION, f"submission larger than {limits.submission_mb} MB"
+            )
+        if copied != "ok":
+            return _grade_of(Status.NO_SUBMISSION, "no submission")
+        job_id = f"{self.owner}-{uuid.uuid4().hex}"
+        answer = Path(self._workroot) / f"grade-{job_id}.json"
+        wall_s = GRADE_WALL_FACTOR * limits.grade_cpu_s + GRADE_WALL_SLACK_S
+        job = {
+            "id": job_id,
+            "grade": {
+                "task": task_to_json(task),
+                "submission": str(path),
+                "out": str(answer),
+                "cpu_s": limits.grade_cpu_s,
+                "wall_s": wall_s,
+            },
+        }
+        try:
+            code = self._template_for_job().run(job, timeout=wall_s + 30)
+            if code == -signal.SIGPROF:
+                return _grade_of(
+                    Status.INVALID_SUBMISSION,
+                    f"the submission could not be graded within {limits.grade_cpu_s:g} s of "
+                    "CPU time",
                 )
-        return ExecutionResult(
-            task_id=task.id,
-            status=status,
-            reward=reward(status, pct),
-            score=score,
-            percentile=pct,
-            runtime_s=float(raw["runtime_s"]),
-            stdout_tail=raw["stdout_tail"][-TAIL_CHARS:],
-            stderr_tail=raw["stderr_tail"][-TAIL_CHARS:],
-            isolation=raw["isolation"],
-            detail=detail,
-            validation=validation,
-            error_type=error_type_of(
-                raw["stderr_tail"], status, oom_killed=bool(raw.get("oom_killed"))
-            ),
+            if code != 0:
+                why = (
+                    f"killed at its {wall_s:g} s wall-clock deadline or by the host"
+                    if code == -signal.SIGKILL
+                    else "crashed"
+                )
+                raise InfrastructureError(f"grader exited with {code} ({why})")
+            payload = json.loads(answer.read_text())
+        finally:
+            answer.unlink(missing_ok=True)
+            Path(str(answer) + ".tmp").unlink(missing_ok=True)
+        if "error" in payload:
+            raise InfrastructureError("grader failed: " + payload["error"][-1000:])
+        return Grade.from_json(payload["grade"])
+
+
+# The grader's wall-clock deadline: this many times its CPU budget plus the slack, so only a
+# stalled host (not a slow submission, which the CPU budget catches) reaches it.
+GRADE_WALL_FACTOR = 4.0
+GRADE_WALL_SLACK_S = 30.0
+
+
+def _check_limit_overrides(overrides: dict) -> None:
+    """Limits every execution would break on, refused when the pool is made (the field
+    named): unknown fields, and a work dir too small for the largest accepted script."""
+    try:
+        limits = Limits(**overrides)
+    except TypeError as e:
+        raise ValueError(f"unknown sandbox limit: {e}") from e
+    if limits.disk_mb * 2**20 < 4 * MAX_SCRIPT_BYTES:
+        raise ValueError(
+            f"disk_mb={limits.disk_mb}: the work dir must hold the largest accepted script "
+            f"({MAX_SCRIPT_BYTES // 1024} KiB) four times over, at least "
+            f"{-(-4 * MAX_SCRIPT_BYTES // 2**20)} MB"
         )
+    if not (limits.grade_cpu_s > 0 and math.isfinite(limits.grade_cpu_s)):
+        raise ValueError(
+            f"grade_cpu_s={limits.grade_cpu_s!r}: must be a positive, finite number of seconds"
+        )
+
+
+def _grade_of(status: Status, detail: str) -> Grade:
+    return Grade(status, None, None, reward(status), detail)
+
+
+def _script_outcome(limits: Limits, raw: dict) -> Grade | None:
+    """How the script ended, when that alone decides its grade (memory, time, a crash, a
+    non-zero exit); None when it exited cleanly and its submission decides."""
+    cpu_limit = int(limits.time_limit_s) + 1
+    cpu_hit = raw.get("cpu_s") is not None and raw["cpu_s"] >= cpu_limit - 0.05
+    sig = raw.get("signal")
+    if raw.get("oom_killed"):
+        return _grade_of(
+            Status.RUNTIME_ERROR, "memory limit (a process was OOM-killed in the job cgroup)"
+        )
+    if raw["timed_out"] or (sig is not None and cpu_hit) or sig == 24:  # 24 = SIGXCPU
+        return _grade_of(Status.TIMEOUT, "time limit")
+    if sig is not None:
+        return _grade_of(Status.RUNTIME_ERROR, f"signal {sig}")
+    if raw.get("exit_code") not in (0, None):
+        return _grade_of(Status.RUNTIME_ERROR, f"exit code {raw['exit_code']}")
+    return None
+
+
+def _result(task: Task, raw: dict, grade: Grade) -> ExecutionResult:
+    return ExecutionResult(
+        task_id=task.id,
+        status=grade.status,
+        reward=grade.reward,
+        score=grade.score,
+        percentile=grade.percentile,
+        runtime_s=float(raw["runtime_s"]),
+        stdout_tail=raw["stdout_tail"][-TAIL_CHARS:],
+        stderr_tail=raw["stderr_tail"][-TAIL_CHARS:],
+        isolation=raw["isolation"],
+        detail=grade.detail,
+        validation=grade.validation,
+        error_type=error_type_of(
+            raw["stderr_tail"], grade.status, oom_killed=bool(raw.get("oom_killed"))
+        ),
+    )

@@ -24,7 +24,9 @@ Isolation levels (``detect_isolation`` picks the strongest the host allows):
     capped stdout/stderr capture. As root it also drops to a per-slot uid
     (so it cannot signal its supervisor or read 0700 ``private/`` dirs) and
     kills every process of that uid afterwards; each slot works in its own 0700
-    directory owned by its uid. Does NOT protect against: network access,
+    directories (cwd, data copies) owned by its uid, inside a work dir that stays
+    root's (0711), so the script cannot plant a symlink where root writes by name.
+    Does NOT protect against: network access,
     reading world-readable host files, state left in world-writable host
     directories between executions, a daemon that leaves the process group
     when not running as root, and filling the disk with many files each under
@@ -105,6 +107,12 @@ class Limits:
     memory_mb is address space *beyond* the pre-imported interpreter's own
     (numpy/pandas/sklearn reserve several hundred MB of virtual memory before
     the script runs a line), so the budget means the same in every mode.
+
+    grade_cpu_s is the CPU time the grading of its submission may take (in a fork of the
+    template, see ``forkserver``); more is the submission's fault (INVALID_SUBMISSION).
+    Grading costs a few microseconds of CPU per row, so the largest honest submission the
+    ``submission_mb`` cap admits (a few million rows) fits with room to spare, and a slot
+    held that long is no worse than a script that runs to its time limit.
     """
 
     time_limit_s: float = 60.0
@@ -115,6 +123,7 @@ class Limits:
     disk_mb: int = 256
     submission_mb: int = 32
     output_tail_bytes: int = 4096
+    grade_cpu_s: float = 60.0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -472,7 +481,7 @@ def _drain(fds: dict[int, _Tail], until: float) -> None:
 def _prepare_work_dir(job: dict, uid: int | None) -> str:
     """The script's cwd: a size-capped tmpfs (namespaces) or a plain directory."""
     work = os.path.join(job["workdir"], "work")
-    os.makedirs(work)
+    os.makedirs(work, mode=0o700)  # rlimits as root: its uid's alone (see pool._open_to_slot)
     if job["isolation"] == "namespaces":
         # Mounted in the supervisor's private mount namespace: the host never
         # sees it and it vanishes with the supervisor.
