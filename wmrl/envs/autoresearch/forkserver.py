@@ -6,12 +6,13 @@ the template forks a supervisor (``sandbox.supervise``) that writes
 ``{"id": ..., "exit": ...}``. The first line it prints is a ready message
 with the detected isolation level and the template's own virtual size.
 
-A job with a ``grade`` field grades a submission instead (``_run_grader``), in a fork of
-this process rather than in the trainer's: a submission that makes parsing slow (or a
-bug that makes it hang) costs that fork, never the trainer's interpreter and its GIL. The
-fork has a CPU-time budget (``cpu_s``, ITIMER_PROF: the kernel ends it with SIGPROF, even
-inside C code) and the template kills it with SIGKILL at a wall-clock deadline
-(``wall_s``); the pool tells the two apart by the exit status.
+The supervisor also grades the script's submission (``_grade``) when the script exited
+cleanly with one, after result.json is on disk and before it reports: in its own process,
+never in the trainer's, so a submission that makes parsing slow costs that process, not
+the trainer's interpreter and its GIL. Grading runs under two kernel timers that end the
+process even inside C code: ``cpu_s`` of CPU time (ITIMER_PROF, SIGPROF: the
+submission's doing) and ``wall_s`` of wall-clock time (ITIMER_REAL, SIGALRM: a stalled
+host); the pool tells them apart by the exit status.
 
 Run: ``python -m wmrl.envs.autoresearch.forkserver [--no-preimport]``.
 """
@@ -37,7 +38,6 @@ import importlib
 import json
 import signal
 import sys
-import time
 import traceback
 
 PREIMPORT = (
@@ -81,11 +81,9 @@ def _run_supervisor(job: dict) -> None:
 
     def publish(result: dict) -> None:
         nonlocal reported
-        tmp = os.path.join(job["workdir"], "result.json.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(result, f)
-        os.rename(tmp, os.path.join(job["workdir"], "result.json"))
+        _write_json(job["workdir"], "result.json", result)
+        if _submission_decides(result):
+            _write_json(job["workdir"], "grade.json", _grade(job))
         os.write(report_fd, (json.dumps({"id": job["id"], "exit": 0}) + "\n").encode())
         reported = True
 
@@ -102,51 +100,43 @@ def _run_supervisor(job: dict) -> None:
             publish({"infra_error": "supervisor: " + traceback.format_exc(limit=5)})
 
 
-def _run_grader(job: dict) -> None:
-    """Body of a forked grading process: grade ``job["grade"]`` and write the answer.
+def _submission_decides(result: dict) -> bool:
+    """The script exited cleanly with a submission: its grade is the submission's (what
+    ``pool._script_outcome`` leaves to the grader)."""
+    clean = result.get("exit_code") == 0 and result.get("signal") is None
+    clean = clean and result.get("timed_out") is False and not result.get("oom_killed")
+    return clean and result.get("submission") == "ok"
 
-    The answer (``{"grade": Grade.to_json()}``, or ``{"error": traceback}`` when the
-    grader itself failed) goes to ``out`` through a temporary file and a rename, so the
-    pool reads a whole answer or none. Exceeding ``cpu_s`` of CPU time ends the process
-    with SIGPROF before it writes anything.
-    """
+
+def _write_json(directory: str, name: str, value: dict) -> None:
+    """Write ``directory/name`` whole or not at all (a temporary file and a rename)."""
+    tmp = os.path.join(directory, name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(value, f)
+    os.rename(tmp, os.path.join(directory, name))
+
+
+def _grade(job: dict) -> dict:
+    """Grade the copied submission under the job's grading timers: ``{"grade": ...}``, or
+    ``{"error": traceback}`` when the grader itself failed. Past either timer the kernel
+    ends this process (SIGPROF, SIGALRM) and nothing is returned."""
     from wmrl.envs.autoresearch import grader
 
     request = job["grade"]
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGPROF, signal.SIG_DFL)
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    os.dup2(null, 1)  # the template's stdout is the pool's protocol channel
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_PROF, request["cpu_s"])
+    signal.setitimer(signal.ITIMER_REAL, request["wall_s"])
     try:
         task = grader.task_from_json(request["task"])
-        answer = {"grade": grader.grade_submission(task, request["submission"]).to_json()}
+        submission = os.path.join(job["workdir"], "out", "submission.csv")
+        return {"grade": grader.grade_submission(task, submission).to_json()}
     except Exception:
-        answer = {"error": traceback.format_exc(limit=5)}
-    signal.setitimer(signal.ITIMER_PROF, 0)
-    tmp = request["out"] + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(answer, f)
-    os.rename(tmp, request["out"])
-
-
-def _fork_job(job: dict) -> int:
-    """Fork the job's process (a supervisor, or a grader for a ``grade`` job); its pid."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            if "grade" in job:
-                _run_grader(job)
-            else:
-                _run_supervisor(job)
-        except BaseException:
-            code = 1
-        os._exit(code)
-    return pid
+        return {"error": traceback.format_exc(limit=5)}
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def main() -> None:
@@ -178,16 +168,14 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w)
     running: dict[int, str] = {}
-    deadlines: dict[int, float] = {}  # grading forks: pid -> monotonic time to kill it
     buf = b""
     stdin_open = True
     import select
 
     while stdin_open or running:
         fds = [wake_r] + ([0] if stdin_open else [])
-        wait = min([1.0, *(t - time.monotonic() for t in deadlines.values())])
         try:
-            ready, _, _ = select.select(fds, [], [], max(wait, 0.0))
+            ready, _, _ = select.select(fds, [], [], 1.0)
         except InterruptedError:
             ready = []
         if 0 in ready:
@@ -199,18 +187,18 @@ def main() -> None:
                 line, buf = buf.split(b"\n", 1)
                 job = json.loads(line)
                 job["base_vm_mb"] = base_vm_mb
-                pid = _fork_job(job)
+                pid = os.fork()
+                if pid == 0:
+                    code = 0
+                    try:
+                        _run_supervisor(job)
+                    except BaseException:
+                        code = 1
+                    os._exit(code)
                 running[pid] = job["id"]
-                if "grade" in job:
-                    deadlines[pid] = time.monotonic() + job["grade"]["wall_s"]
         if wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 4096)
-        for pid, deadline in list(deadlines.items()):
-            if time.monotonic() >= deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                del deadlines[pid]
         while running:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -219,7 +207,6 @@ def main() -> None:
             if pid == 0:
                 break
             job_id = running.pop(pid, None)
-            deadlines.pop(pid, None)
             if job_id is not None:
                 msg = {"id": job_id, "exit": os.waitstatus_to_exitcode(status)}
                 out.write(json.dumps(msg) + "\n")

@@ -20,9 +20,9 @@ duplicate ids), and values of the right kind (finite numbers for regression
 and AUC, known class labels for accuracy/F1). Ids and class labels are compared
 by ``canonical_id``.
 
-The pool grades in a forked process with a CPU-time budget, never in the trainer's
-interpreter; everything here is also bounded on its own (header size, columns, rows,
-``MAX_CELL_CHARS``, linear-time patterns).
+The pool grades in the execution's supervisor process under a CPU-time budget, never in
+the trainer's interpreter (``forkserver._grade``); everything here is also bounded on its
+own (header size, columns, rows, ``MAX_CELL_CHARS``, linear-time patterns).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ class Grade:
 
 
 def task_to_json(task: Task) -> dict:
-    """A task's fields as JSON values: what the pool's grading process gets (``pool``)."""
+    """A task's fields as JSON values: what the supervisor that grades gets (``pool``)."""
     fields = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)}
     return {**fields, "root": str(task.root), "reference_scores": list(task.reference_scores)}
 

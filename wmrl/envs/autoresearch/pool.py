@@ -7,9 +7,9 @@
         pool.free_slots()                  # anchor routing caps its budget by this
 
 Every execution is forked from one template process (``forkserver``) that
-has numpy/pandas/scikit-learn imported, and so is the grading of its
-submission: no submission is ever parsed in the trainer's interpreter, whose
-threads therefore keep running whatever a submission holds. Infrastructure
+has numpy/pandas/scikit-learn imported; its supervisor, that fork, also grades
+its submission: no submission is ever parsed in the trainer's interpreter,
+whose threads therefore keep running whatever a submission holds. Infrastructure
 failures (the template died, a supervisor or the grader crashed, the work dir
 could not be built) are retried once and otherwise returned as
 ``Status.UNGRADED``, which the trainer masks out; agent failures are never
@@ -238,8 +238,7 @@ class _TemplateProcess:
             self.proc.stdin.write((json.dumps(job) + "\n").encode())
             self.proc.stdin.flush()
         if not event.wait(timeout) or not box:
-            what = "grader" if "grade" in job else "supervisor"
-            raise InfrastructureError(f"{what} did not report back")
+            raise InfrastructureError("supervisor did not report back")
         return box[0]
 
     def close(self) -> None:
@@ -549,6 +548,7 @@ class SandboxPool:
                 f.write(source)
             if self._level == "rlimits" and os.geteuid() == 0:
                 _open_to_slot(workdir, data_dir, uid)
+            grade_wall_s = GRADE_WALL_FACTOR * limits.grade_cpu_s + GRADE_WALL_SLACK_S
             job = {
                 "id": f"{self.owner}-{uuid.uuid4().hex}",
                 "workdir": str(workdir),
@@ -561,18 +561,24 @@ class SandboxPool:
                 "prefork": self.prefork,
                 "seed": sandbox.execution_seed(self.seed, key),
                 "cpus": self._slot_cpus[slot],
+                "grade": {
+                    "task": task_to_json(task),
+                    "cpu_s": limits.grade_cpu_s,
+                    "wall_s": grade_wall_s,
+                },
             }
-            code = self._template_for_job().run(job, timeout=limits.time_limit_s + 60)
-            if code != 0:
-                raise InfrastructureError(f"supervisor exited with {code}")
+            timeout = limits.time_limit_s + grade_wall_s + 60
+            code = self._template_for_job().run(job, timeout=timeout)
+            over_budget = code == -signal.SIGPROF  # killed while grading (result.json written)
+            if code != 0 and not over_budget:
+                raise InfrastructureError(_supervisor_exit(code, grade_wall_s))
             raw = json.loads((workdir / "result.json").read_text())
             if raw.get("infra_error"):
                 raise InfrastructureError(raw["infra_error"])
-            reported = True
+            reported = not over_budget  # a killed supervisor left its job cgroup behind
             outcome = _script_outcome(limits, raw)
             if outcome is None:  # it ran cleanly: its submission decides
-                sub_path = workdir / "out" / "submission.csv"
-                outcome = self._grade_submission(task, limits, raw["submission"], sub_path)
+                outcome = _submission_grade(limits, raw["submission"], workdir, over_budget)
             return _result(task, raw, outcome)
         finally:
             if workdir is not None:
@@ -584,64 +590,48 @@ class SandboxPool:
                 cgroups.remove_stale(self._stale_cgroups[-1], timeout=0.5)
             self._slots.put(slot)
 
-    def _grade_submission(self, task: Task, limits: Limits, copied: str, path: Path) -> Grade:
-        """The grade of a cleanly finished script's submission (``copied``: what the
-        supervisor's copy-out said), graded in a fork of the template (``forkserver``).
 
-        Out of the trainer's interpreter, so nothing a submission holds can hold the GIL;
-        within ``limits.grade_cpu_s`` of CPU time, or the submission is INVALID (it cannot
-        be graded in bounded time: the submitter's doing, as nothing else runs in that
-        process). A grader that crashes, or is killed at its wall-clock deadline without
-        having used its CPU budget (a stalled host), is the infrastructure's failure:
-        InfrastructureError, retried, then UNGRADED.
-        """
-        if copied == "too_large":
-            return _grade_of(
-                Status.INVALID_SUBMISSION, f"submission larger than {limits.submission_mb} MB"
-            )
-        if copied != "ok":
-            return _grade_of(Status.NO_SUBMISSION, "no submission")
-        job_id = f"{self.owner}-{uuid.uuid4().hex}"
-        answer = Path(self._workroot) / f"grade-{job_id}.json"
-        wall_s = GRADE_WALL_FACTOR * limits.grade_cpu_s + GRADE_WALL_SLACK_S
-        job = {
-            "id": job_id,
-            "grade": {
-                "task": task_to_json(task),
-                "submission": str(path),
-                "out": str(answer),
-                "cpu_s": limits.grade_cpu_s,
-                "wall_s": wall_s,
-            },
-        }
-        try:
-            code = self._template_for_job().run(job, timeout=wall_s + 30)
-            if code == -signal.SIGPROF:
-                return _grade_of(
-                    Status.INVALID_SUBMISSION,
-                    f"the submission could not be graded within {limits.grade_cpu_s:g} s of "
-                    "CPU time",
-                )
-            if code != 0:
-                why = (
-                    f"killed at its {wall_s:g} s wall-clock deadline or by the host"
-                    if code == -signal.SIGKILL
-                    else "crashed"
-                )
-                raise InfrastructureError(f"grader exited with {code} ({why})")
-            payload = json.loads(answer.read_text())
-        finally:
-            answer.unlink(missing_ok=True)
-            Path(str(answer) + ".tmp").unlink(missing_ok=True)
-        if "error" in payload:
-            raise InfrastructureError("grader failed: " + payload["error"][-1000:])
-        return Grade.from_json(payload["grade"])
-
-
-# The grader's wall-clock deadline: this many times its CPU budget plus the slack, so only a
-# stalled host (not a slow submission, which the CPU budget catches) reaches it.
+# The grading's wall-clock deadline: this many times its CPU budget plus the slack, so only
+# a stalled host (not a slow submission, which the CPU budget catches) reaches it.
 GRADE_WALL_FACTOR = 4.0
 GRADE_WALL_SLACK_S = 30.0
+
+
+def _submission_grade(limits: Limits, copied: str, workdir: Path, over_budget: bool) -> Grade:
+    """The grade of a cleanly finished script's submission (``copied``: what the
+    supervisor's copy-out said), as the supervisor graded it (``forkserver._grade``).
+
+    Graded out of the trainer's interpreter, so nothing a submission holds can hold the
+    GIL here; within ``limits.grade_cpu_s`` of CPU time, or the submission is INVALID (it
+    cannot be graded in bounded time: the submitter's doing, as nothing else runs in that
+    process then). A grader that raises is the infrastructure's failure: InfrastructureError,
+    retried, then UNGRADED (as is one past its wall-clock deadline: ``_supervisor_exit``).
+    """
+    if copied == "too_large":
+        return _grade_of(
+            Status.INVALID_SUBMISSION, f"submission larger than {limits.submission_mb} MB"
+        )
+    if copied != "ok":
+        return _grade_of(Status.NO_SUBMISSION, "no submission")
+    if over_budget:
+        return _grade_of(
+            Status.INVALID_SUBMISSION,
+            f"the submission could not be graded within {limits.grade_cpu_s:g} s of CPU time",
+        )
+    answer = json.loads((workdir / "grade.json").read_text())
+    if "error" in answer:
+        raise InfrastructureError("grader failed: " + answer["error"][-1000:])
+    return Grade.from_json(answer["grade"])
+
+
+def _supervisor_exit(code: int, grade_wall_s: float) -> str:
+    """Why a supervisor that did not finish counts as an infrastructure failure."""
+    if code == -signal.SIGALRM:
+        return (
+            f"supervisor exited with {code}: its grading passed the {grade_wall_s:g} s "
+            "wall-clock deadline without using its CPU budget (a stalled host)"
+        )
+    return f"supervisor exited with {code}"
 
 
 def _check_limit_overrides(overrides: dict) -> None:

@@ -108,8 +108,8 @@ class Limits:
     (numpy/pandas/sklearn reserve several hundred MB of virtual memory before
     the script runs a line), so the budget means the same in every mode.
 
-    grade_cpu_s is the CPU time the grading of its submission may take (in a fork of the
-    template, see ``forkserver``); more is the submission's fault (INVALID_SUBMISSION).
+    grade_cpu_s is the CPU time the grading of its submission may take (by the supervisor,
+    ``forkserver._grade``); more is the submission's fault (INVALID_SUBMISSION).
     Grading costs a few microseconds of CPU per row, so the largest honest submission the
     ``submission_mb`` cap admits (a few million rows) fits with room to spare, and a slot
     held that long is no worse than a script that runs to its time limit.
