@@ -99,6 +99,7 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
             from wmrl.envs.autoresearch.suite import build_suite
 
             build_suite(suite_dir, only=wanted, workers=config.suite.workers, seed=config.seed)
+    _refuse_stale_suite(suite_dir, "config.suite.dir" if config.suite.dir else "config.data_dir")
     try:
         tasks = load_suite(suite_dir)
     except (OSError, ValueError) as e:
@@ -141,6 +142,26 @@ def prepare_data(config, data_dir: str | os.PathLike, progress: bool = True) -> 
         os.replace(f"{tmp}.model", spm_path)
     tok = Tokenizer.load(spm_path)
     return Prepared(suite_dir, train, heldout, executions, tok, episodes, episode_tasks)
+
+
+def _refuse_stale_suite(suite_dir: Path, field: str) -> None:
+    """An older builder's built-in tasks are refused, not reused (`suite.stale_tasks`):
+    their rows differ from this builder's, and before version 2 they were copies of data a
+    sandboxed script can read, labels included."""
+    from wmrl.envs.autoresearch.suite import SUITE_VERSION, stale_tasks
+
+    if not (suite_dir / "suite.json").is_file():
+        return
+    stale = stale_tasks(suite_dir)
+    if stale:
+        more = f" and {len(stale) - 3} more" if len(stale) > 3 else ""
+        raise ConfigError(
+            field,
+            f"{suite_dir} holds built-in tasks written by an older suite builder "
+            f"({', '.join(stale[:3])}{more}; this one writes version {SUITE_VERSION}): build "
+            "the suite again in a new directory, with a new data_dir (the executed corpus "
+            "there was made on the old tasks)",
+        )
 
 
 def _episodes(config, data_dir: Path, suite_dir: Path, tasks: list[Task], progress: bool):

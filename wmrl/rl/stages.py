@@ -25,6 +25,7 @@ from wmrl.config_errors import ConfigError
 from wmrl.core.stats import interval_ece, spearman
 from wmrl.envs.autoresearch.grader import Status
 from wmrl.envs.autoresearch.observation import ERROR_TYPES
+from wmrl.envs.autoresearch.suite import SUITE_VERSION
 from wmrl.jsonl import read_jsonl
 from wmrl.rl import data as rldata
 from wmrl.rl import models, pretrained
@@ -70,6 +71,8 @@ def _fingerprint(config, stage: str) -> dict:
     for field in STAGE_FIELDS[stage]:
         node = config_field(config, field)
         out[field] = json.loads(json.dumps(node.to_dict() if hasattr(node, "to_dict") else node))
+    if not config.suite.dir:  # built-in tasks: their rows are the builder's version's
+        out["suite_version"] = SUITE_VERSION
     if config.env.turns > 1:  # multi-turn stages train on episodes; single-turn ones as before
         out["env"] = config.env.to_dict()
     return out
