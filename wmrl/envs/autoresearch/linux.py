@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import importlib.util
 import os
 import platform
 import signal
@@ -71,6 +72,34 @@ def _system_binds() -> list[str]:
     return out
 
 
+# Data files that installed packages ship and the built-in tasks were derived from (package,
+# folder inside it). The tasks' rows are re-derived so that these copies do not give their
+# labels away (`suite.py`), and inside the namespace view the folders are also covered by an
+# empty read-only tmpfs, so a script cannot even use them as extra training rows.
+PACKAGED_DATA = (
+    ("sklearn", "datasets/data"),
+    ("sklearn", "datasets/descr"),
+    ("sklearn", "datasets/images"),
+    ("palmerpenguins", "data"),
+    ("vega_datasets", "_data"),
+)
+
+
+def packaged_data_dirs() -> list[str]:
+    """The `PACKAGED_DATA` folders installed here (found without importing the packages)."""
+    out = []
+    for package, folder in PACKAGED_DATA:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            path = os.path.realpath(os.path.join(location, folder))
+            if os.path.isdir(path):
+                out.append(path)
+    return sorted(set(out))
+
+
 def build_root(job: dict) -> None:
     """In the sandbox's private mount namespace: assemble the script's view and chroot.
 
@@ -97,6 +126,10 @@ def build_root(job: dict) -> None:
         os.makedirs(dst, exist_ok=True)
         mount(path, dst, None, MS_BIND | MS_REC)
         mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    for path in packaged_data_dirs():
+        if os.path.isdir(root + path):  # inside a bound directory: cover it with nothing
+            mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                  "size=4k,nr_inodes=4,mode=0555")  # fmt: skip
     dev = root + "/dev"
     os.makedirs(dev)
     mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,nr_inodes=64,mode=0755")
