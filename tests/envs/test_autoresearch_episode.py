@@ -398,3 +398,14 @@ def test_validity_of_an_episode_submission_does_not_consult_the_test_labels(epis
     mixed_labels = pd.concat([labels, val])
     mixed_labels.to_csv(planted / "private" / "test_labels.csv", index=False)
     assert grade_submission(plain, tmp_path / "sub.csv").status == Status.VALID
+
+
+def test_private_files_are_written_unreadable_to_the_sandbox(source, tmp_path, caplog):
+    ep = make_episode_task(source, tmp_path / "ep")
+    private = ep.root / "private"
+    assert os.stat(private).st_mode & 0o777 == 0o700
+    modes = {p.name: os.stat(p).st_mode & 0o777 for p in private.iterdir()}
+    assert modes and set(modes.values()) == {0o600}, modes
+    with caplog.at_level("WARNING"):
+        load_task(ep.root)
+    assert not [r for r in caplog.records if "private" in r.getMessage()]

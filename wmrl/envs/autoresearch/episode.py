@@ -180,6 +180,8 @@ def _write(task: Task, out: Path, fingerprint: str) -> None:
         keyed[keyed["_part"] == which][[id_col, target]].to_csv(out / "private" / name, index=False)
     audit = pd.DataFrame({"opaque_id": opaque, "part": part, "source_id": source_id})
     audit.sort_values("opaque_id").to_csv(out / "private/episode_rows.csv", index=False)
+    for path in (out / "private").iterdir():
+        os.chmod(path, 0o600)  # as `load_task` requires of private files
     shutil.copyfile(task.root / "leaderboard.json", out / "leaderboard.json")
     meta = json.loads((task.root / "task.json").read_text())
     meta["rows"] = {"train": int((~is_val).sum()), "test": len(test), "validation": len(val)}
