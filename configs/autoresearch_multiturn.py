@@ -33,7 +33,7 @@ def get_config():
     c = _tiny_config()
     c.env.turns = 3
     # The card (<= 96 tokens), the last script (<= max_new_tokens), the last observation and
-    # up to K - 2 older observations (`wmrl.rl.history`).
+    # up to K - 2 older observations (`wmrl.autoresearch.history`).
     c.data.max_prompt_len = 448
     # The WM writes every observation field: the error-type head on (P(class | runtime
     # error)); the validation metric from the leaderboard map of its expected reward.

@@ -35,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
     # what has to transfer is the craft (impute, encode, write the submission, no syntax
     # slips) rather than copying unseen column names, which a policy this small cannot learn
     # in minutes: three hand-made ones and 29 members of the generated family of the same
-    # kinds (`heldout-family-NN`, `wmrl.envs.autoresearch.suite.heldout_family`). Many tasks
+    # kinds (`heldout-family-NN`, `wmrl.autoresearch.env.suite.heldout_family`). Many tasks
     # with few scripts each (`rl.eval_samples`) make one evaluation's standard error, which
     # counts the variance between tasks, smaller for the same executions (docs/results.md).
     c.suite.tasks = (
@@ -110,7 +110,7 @@ def get_config() -> ml_collections.ConfigDict:
     # (1 - P(timeout)) * reward head + P(timeout) * TIMEOUT's reward, P(timeout) under the
     # script's time limit (the task's, capped by suite.time_limit_s). docs/results.md.
     c.wm.runtime_coef = 0.5
-    # Multi-turn feedback heads (wmrl/rl/wm_observation.py; 0 = no head): the exception class
+    # Multi-turn feedback heads (wmrl/autoresearch/wm_observation.py; 0 = no head): the exception class
     # of a RUNTIME_ERROR (observation.ERROR_TYPES) and the raw validation metric (episode
     # executions only). The single-turn job reads no feedback: off.
     c.wm.error_type_coef = 0.0

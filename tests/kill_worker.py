@@ -7,7 +7,8 @@ its sandbox pool, everything it started: what a preempted machine loses) the mom
 loop is about to start step STEP + 1. Every record step STEP writes is then on disk, and
 nothing after it: no later step, and no checkpoint of step STEP unless the loop saved one
 before moving on. Both trainers are covered: the AutoResearch ones (single- and multi-turn,
-through `wmrl.rl.experiment.make_trainer`) and the embodied one (`wmrl.embodied.rl.Trainer`).
+through `wmrl.autoresearch.experiment.make_trainer`) and the embodied one
+(`wmrl.embodied.rl.Trainer`).
 The process never exits by itself: its status is always -SIGKILL, or the hook was not reached.
 """
 
@@ -23,8 +24,8 @@ def preempt() -> None:
 
 def kill_before_step(step: int) -> None:
     """Patch the trainers so that the process group dies as step `step` + 1 starts."""
+    from wmrl.autoresearch import experiment
     from wmrl.embodied import rl as embodied_rl
-    from wmrl.rl import experiment
 
     make_trainer = experiment.make_trainer
 

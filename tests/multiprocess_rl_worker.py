@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from tests.rl_fixtures import tiny_config
-    from wmrl.rl.experiment import run
+    from wmrl.autoresearch.experiment import run
 
     for n in steps:
         config = tiny_config(data_dir, init_dir, mode=mode, rl__steps=int(n))

@@ -112,8 +112,8 @@ def wmrl_inputs(step: int) -> dict[str, np.ndarray]:
 
 def wmrl_advantages(correction, step: int):
     """(new correction state, [B] advantages) of one WMRL step."""
+    from wmrl.autoresearch.config import MODE_SPECS
     from wmrl.core.correct import correct_rewards
-    from wmrl.rl.config import MODE_SPECS
 
     debias_cfg, denoise_cfg = wmrl_configs()
     x = {k: jnp.asarray(v) for k, v in wmrl_inputs(step).items()}

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from wmrl.rl.presets import TINY_SETTING
+from wmrl.autoresearch.presets import TINY_SETTING
 
 ROOT = Path(__file__).resolve().parents[1]
 

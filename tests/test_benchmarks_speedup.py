@@ -12,9 +12,9 @@ import pytest
 
 from tests.rl_fixtures import load_config
 from tests.speedup_fixtures import ev, finished_benchmark
+from wmrl.autoresearch import config as rlconfig
+from wmrl.autoresearch.experiment import time_to_target
 from wmrl.benchmarks import speedup_figures, speedup_runner
-from wmrl.rl import config as rlconfig
-from wmrl.rl.experiment import time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -398,7 +398,7 @@ def test_cli_seeds_paired_differences_hand_numbers(tmp_path):
 
 
 def test_seed_configs_share_the_stages(tmp_path):
-    from wmrl.rl.stages import _fingerprint
+    from wmrl.autoresearch.stages import _fingerprint
 
     base = speedup_runner.shared_config(load_config(), tmp_path)
     c1, c2 = speedup_runner.seed_config(base, 1), speedup_runner.seed_config(base, 2)
@@ -448,7 +448,7 @@ def test_benchmark_end_to_end_tiny_multiturn(tmp_path):
     """`--config=configs/autoresearch_multiturn.py` works unchanged (issue 18): the tiny
     setting at K = 2, 2 steps of `real` and `wmrl`, every turn of `real` executed."""
     from tests.rl_fixtures import tiny_flags
-    from wmrl.rl.presets import TINY_MULTITURN_SETTING
+    from wmrl.autoresearch.presets import TINY_MULTITURN_SETTING
 
     turns = {k.replace(".", "__"): v for k, v in TINY_MULTITURN_SETTING.items()}
     flags = tiny_flags("", "", rl__steps=2, **turns)

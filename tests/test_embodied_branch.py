@@ -12,7 +12,7 @@ import pytest
 from configs import embodied_push
 from wmrl.config_errors import ConfigError
 from wmrl.embodied import env as scene
-from wmrl.embodied import experiment, fidelity, rl, rollout, stages
+from wmrl.embodied import experiment, imagination, rl, rollout, stages
 from wmrl.embodied import policy as pol
 from wmrl.embodied import world_model as wmodel
 
@@ -221,7 +221,7 @@ def test_the_branch_probe_executes_what_the_trainer_imagines(branched_run):
     wm, _, _ = stages.wm_stage(c, init / "wm", pool, demos, graphdef, bc)
     train, _ = stages.tasks_of(c)
     starts = rollout.sample_starts(np.random.default_rng(0), train, 4, spec, repeat=4)
-    out = fidelity.fidelity(c, wm, graphdef, bc, starts, jax.random.PRNGKey(0), 4)
+    out = imagination.fidelity(c, wm, graphdef, bc, starts, jax.random.PRNGKey(0), 4)
     br = out["branch"]
     assert br["branch_chunks"] == 1
     assert br["prefix_replay_error_cm"] < 1e-3  # the branches start where the episode was

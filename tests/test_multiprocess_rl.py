@@ -24,8 +24,8 @@ from flax import traverse_util
 
 from tests.multiprocess_helpers import run_local_processes
 from tests.rl_fixtures import tiny_config
-from wmrl.rl.checkpoint import Checkpointer
-from wmrl.rl.experiment import run
+from wmrl.autoresearch.checkpoint import Checkpointer
+from wmrl.autoresearch.experiment import run
 
 STEP_KEYS = ("step", "real_executions_step", "anchor_fraction", "anchor_outcomes_from_step",
              "anchor_status", "mean_script_tokens", "calibrated", "real_executions")  # fmt: skip

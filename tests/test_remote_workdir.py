@@ -14,9 +14,9 @@ from etils import epath
 from tests.rl_fixtures import ROOT, load_config, tiny_config
 from tests.test_main_cli import TINY
 from wmrl import storage
+from wmrl.autoresearch import stages
+from wmrl.autoresearch.anchors import AnchorJournal
 from wmrl.jsonl import JsonlWriter, read_jsonl
-from wmrl.rl import stages
-from wmrl.rl.anchors import AnchorJournal
 
 
 def main_in_process(monkeypatch, workdir, *overrides):
@@ -157,7 +157,7 @@ def test_autoresearch_on_gs_resumes_past_a_corrupt_checkpoint(
     local): artefacts, checkpoints through TensorStore; then a corrupt latest checkpoint is
     set aside on the store, the run resumes from the previous one, and the redone step takes
     its executions from the journal uploaded at the end of that step."""
-    from wmrl.rl.experiment import run
+    from wmrl.autoresearch.experiment import run
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(AnchorJournal, "FLUSH_EVERY_S", 1e9)  # uploads at step ends only

@@ -22,8 +22,8 @@ import pytest
 
 from tests.rl_fixtures import ROOT, main_cmd, tiny_flags
 from tests.run_records import differences, read_run, tensorboard_scalars
+from wmrl.autoresearch.presets import TINY_MULTITURN_SETTING
 from wmrl.jsonl import StepLog, read_jsonl
-from wmrl.rl.presets import TINY_MULTITURN_SETTING
 
 STEPS, CHECKPOINT_EVERY, KILLED_AFTER = 4, 2, 3
 
@@ -52,7 +52,7 @@ def test_a_resume_cuts_every_record_the_lost_steps_wrote(tmp_path):
     """Killed after step 3's records, resumed from the checkpoint of step 2: the pairs step 3
     wrote (labelled step 2) go with step 3's other records, and every file, TensorBoard's
     too, ends as the uninterrupted run's."""
-    from wmrl.rl.experiment import _Log
+    from wmrl.autoresearch.experiment import _Log
 
     straight = _Log(tmp_path / "straight", enabled=True)
     (tmp_path / "straight").mkdir()

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from tests.rl_fixtures import tiny_config
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.state import Pending
 from wmrl.core import routing
 from wmrl.core.correct import MODE_SPECS, correct_rewards
 from wmrl.core.debias import DebiasConfig
 from wmrl.core.denoise import DenoiseConfig
 from wmrl.core.state import init_correction_state
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.rl.state import Pending
 
 DEBIAS = DebiasConfig(mode="monotone", num_bins=4, min_pairs=4, refit_every=1, min_slope=0.05)
 DENOISE = DenoiseConfig(half_life=4.0, warmup_groups=1, target=2.0, w_max=4.0)
@@ -109,8 +109,8 @@ def test_pending_padding_round_trip():
 def adaptive_trainer(rl_shared, tmp_path_factory):
     """The real Trainer of the tiny setting (B = 2 groups of G = 2) with the adaptive rule on
     and the static check off; no sandbox pool (nothing is executed here)."""
-    from wmrl.rl.experiment import prepare_stages
-    from wmrl.rl.trainer import Trainer
+    from wmrl.autoresearch.experiment import prepare_stages
+    from wmrl.autoresearch.trainer import Trainer
 
     data_dir, init_dir = rl_shared
     wd = tmp_path_factory.mktemp("adaptive")
@@ -128,7 +128,7 @@ def _synthetic_steps(trainer, st, quality: str, steps: int, seed: int):
     """Drive the trainer's route -> correct -> rule phases on synthetic pair streams: the
     anchor groups of each step get real rewards and WM scores of the given quality. Returns
     the rho in force and the anchor count of each step."""
-    from wmrl.rl.step import Exchanged, PhaseClock, Sampled
+    from wmrl.autoresearch.step import Exchanged, PhaseClock, Sampled
 
     B, G = trainer.B, trainer.G
     n = B * G
@@ -188,7 +188,7 @@ SCHEDULE = (0.25, 1.0, 0.25)
 
 
 def _scheduled_rho(monkeypatch):
-    from wmrl.rl.trainer import Trainer
+    from wmrl.autoresearch.trainer import Trainer
 
     monkeypatch.setattr(Trainer, "rho_in_force", lambda self, st: SCHEDULE[st.step])
 
@@ -201,7 +201,7 @@ ADAPTIVE = dict(
 
 @pytest.fixture(scope="module")
 def straight_run(rl_shared, tmp_path_factory):
-    from wmrl.rl.experiment import run
+    from wmrl.autoresearch.experiment import run
 
     mp = pytest.MonkeyPatch()
     _scheduled_rho(mp)
@@ -223,7 +223,7 @@ def test_adaptive_rho_end_to_end(straight_run):
     every graded outcome but the last step's as a pair, and journals every execution once;
     the pending anchors are checkpointed padded to rho_max's count; the rule's state counts
     the groups that measured the WM (recomputed here from pairs.jsonl)."""
-    from wmrl.rl.checkpoint import Checkpointer
+    from wmrl.autoresearch.checkpoint import Checkpointer
 
     wd, B, G = straight_run, 2, 2
     steps, pairs = _steps(wd), _read(wd / "pairs.jsonl")
@@ -265,7 +265,7 @@ def test_adaptive_rho_resumed_run_equals_the_uninterrupted_one(
     rho, anchor count, rewards and pairs are the uninterrupted run's, the rule's state is
     restored, and no execution is repeated (the pending anchors are resubmitted and taken
     from the journal)."""
-    from wmrl.rl.experiment import run
+    from wmrl.autoresearch.experiment import run
 
     _scheduled_rho(monkeypatch)
     wd = tmp_path / "cut"
@@ -286,7 +286,7 @@ def test_adaptive_rho_resumed_run_equals_the_uninterrupted_one(
     straight = json.loads((straight_run / "summary.json").read_text())
     assert summary["final_heldout_reward"] == straight["final_heldout_reward"]
     assert summary["real_executions"] == straight["real_executions"]
-    from wmrl.rl.checkpoint import Checkpointer
+    from wmrl.autoresearch.checkpoint import Checkpointer
 
     states = []
     for w in (wd, straight_run):
@@ -303,10 +303,10 @@ def test_a_full_sandbox_pool_queues_the_anchors_and_never_changes_which_they_are
     """1 sandbox slot for 4 anchor rows (the rule's state says collapsed: rho_max, both
     groups): routing picks the same groups with the pool full as before, all four are
     submitted at once (queued: no free slot), and all four execute and are journalled."""
+    from wmrl.autoresearch.anchors import AnchorJournal, AnchorQueue
+    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.step import PhaseClock, Sampled
     from wmrl.core.fidelity import AdaptiveRhoState
-    from wmrl.envs.autoresearch.pool import SandboxPool
-    from wmrl.rl.anchors import AnchorJournal, AnchorQueue
-    from wmrl.rl.step import PhaseClock, Sampled
 
     trainer, st = adaptive_trainer
     collapsed = AdaptiveRhoState(ema=jnp.float32(0.0), norm=jnp.float32(1.0), groups=jnp.int32(8))

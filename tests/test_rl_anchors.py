@@ -4,7 +4,7 @@ lost with it on the next read)."""
 
 import json
 
-from wmrl.rl.anchors import AnchorJournal, _sha
+from wmrl.autoresearch.anchors import AnchorJournal, _sha
 
 
 def test_record_after_a_torn_tail_survives(tmp_path):

@@ -7,9 +7,13 @@ import warnings
 import pytest
 
 from tests.rl_fixtures import load_config, run_main
+from wmrl.autoresearch.config import (
+    config_differences,
+    groups_per_step,
+    validate_autoresearch_config,
+)
+from wmrl.autoresearch.experiment import check_resumable, data_dir
 from wmrl.config_errors import ConfigError
-from wmrl.rl.config import config_differences, groups_per_step, validate_autoresearch_config
-from wmrl.rl.experiment import check_resumable, data_dir
 
 NAN, INF = float("nan"), float("inf")
 
@@ -103,7 +107,7 @@ def test_cli_rho_min_above_rho_max_writes_nothing(tmp_path):
 def test_evaluations_at_wall_clock_points():
     from types import SimpleNamespace
 
-    from wmrl.rl.experiment import _eval_due_s
+    from wmrl.autoresearch.experiment import _eval_due_s
 
     c = load_config()
     c.rl.eval_at_s = (10.0, 20.0, 40.0)

@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from wmrl.autoresearch.config import MODE_SPECS
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.state import Replay
 from wmrl.core.correct import correct_rewards
 from wmrl.core.debias import DebiasConfig, init_debias_state, update_debias
 from wmrl.core.denoise import DenoiseConfig, DenoiseState
 from wmrl.core.state import CorrectionState, init_correction_state
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.rl.config import MODE_SPECS
-from wmrl.rl.state import Replay
 
 G = 3
 # Two bins over [0, 1]. The pairs below put the points (mean WM score, mean real reward) of

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests.rl_fixtures import tiny_config
-from wmrl.envs.autoresearch.grader import Status, static_outcome
-from wmrl.rl.checkpoint import Checkpointer
-from wmrl.rl.experiment import run
+from wmrl.autoresearch.checkpoint import Checkpointer
+from wmrl.autoresearch.env.grader import Status, static_outcome
+from wmrl.autoresearch.experiment import run
 
 STEP_KEYS = (
     "step", "wall_time_s", "generate_s", "execute_s", "wm_score_s", "train_s", "train_reward",
@@ -129,7 +129,7 @@ def _check_the_control(pairs, step_recs, data_dir):
     """`static_anchors`: every learned (not statically fixed) row of a step gets one shared
     reward; before any anchor outcome it is the mean reward of the executed training corpus's
     unflagged scripts (computed here from the data stage's own log)."""
-    from wmrl.envs.autoresearch.grader import static_outcome
+    from wmrl.autoresearch.env.grader import static_outcome
 
     log = read_jsonl(data_dir / "trajectories" / "executions.jsonl")
     prior = np.mean([
@@ -148,10 +148,10 @@ def _check_the_control(pairs, step_recs, data_dir):
 def test_warmup_compiles_every_step_function(rl_shared, tmp_path):
     """After `Trainer.warmup` an RL step compiles nothing new, so `wall_time_s` is steady
     state; and warm-up leaves the run's state untouched (donated states were copies)."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.experiment import prepare_stages
+    from wmrl.autoresearch.trainer import Trainer
     from wmrl.models import sampler
-    from wmrl.rl.experiment import prepare_stages
-    from wmrl.rl.trainer import Trainer
 
     data_dir, init_dir = rl_shared
     config = tiny_config(data_dir, init_dir, mode="wmrl")
@@ -194,7 +194,7 @@ def test_budget_used_up_while_draining_anchors_still_ends_with_an_evaluation(
     by adding 1000 s to what the real drain measured."""
     import dataclasses
 
-    from wmrl.rl.trainer import Trainer
+    from wmrl.autoresearch.trainer import Trainer
 
     real_drain = Trainer.drain
 
@@ -224,9 +224,9 @@ def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
     rows exactly as sampled (tokens, sampling log-probs) with advantages from their real
     rewards; step 1 masks those positions out. A trainer that lost the in-flight executions
     (a restart) executes the pending rows again."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
-    from wmrl.rl.experiment import prepare_stages
-    from wmrl.rl.trainer import Trainer
+    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.experiment import prepare_stages
+    from wmrl.autoresearch.trainer import Trainer
 
     data_dir, init_dir = rl_shared
     config = tiny_config(data_dir, init_dir, mode="wmrl", rl__anchor_lag=1)
@@ -324,9 +324,9 @@ def test_heldout_evaluation_is_journalled_and_reused_on_resume(rl_shared, tmp_pa
     """The held-out executions are journalled (`heldout.jsonl`) as they complete; a trainer
     opened on the same workdir (a resumed run) evaluates the same policy at the same step
     from the journal, executing nothing, and reports the same figures."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
-    from wmrl.rl.experiment import prepare_stages
-    from wmrl.rl.trainer import Trainer
+    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.experiment import prepare_stages
+    from wmrl.autoresearch.trainer import Trainer
 
     data_dir, init_dir = rl_shared
     config = tiny_config(data_dir, init_dir, mode="wmrl")

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.rl.evaluation import heldout_se, heldout_summary
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.evaluation import heldout_se, heldout_summary
 
 
 def test_heldout_se_counts_the_spread_between_tasks():

@@ -1,4 +1,5 @@
-"""Multi-turn episodes (`wmrl.rl.multiturn`): K = 1 is the single-turn trainer bit for bit;
+"""Multi-turn episodes (`wmrl.autoresearch.multiturn`): K = 1 is the single-turn trainer bit
+for bit;
 at K = 2 the loss never sees an observation token, the trajectory reward is the best turn's,
 every mode runs end to end, and a SIGKILLed run resumes to the uninterrupted run's results."""
 
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.rl_fixtures import tiny_config
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.rl.multiturn import best_of_turns, improved_fraction, reward_by_turn
-from wmrl.rl.presets import TINY_MULTITURN_SETTING
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.multiturn import best_of_turns, improved_fraction, reward_by_turn
+from wmrl.autoresearch.presets import TINY_MULTITURN_SETTING
 
 TIMING = ("_s", "device")
 
@@ -23,7 +24,7 @@ def _clean(record: dict) -> dict:
 
 def _drive(trainer_cls, config, s, workdir, steps: int):
     """Evaluate, `steps` RL steps, evaluate: (metrics, pairs, evals, final state)."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.autoresearch.env.pool import SandboxPool
 
     workdir.mkdir(parents=True)
     pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s)
@@ -56,9 +57,9 @@ def test_one_turn_episodes_equal_the_single_turn_trainer(rl_shared, tmp_path, mo
     """The episode trainer at K = 1 (synchronous anchors, as the single-turn trainer with
     `rl.anchor_lag = 0`) gives the single-turn trainer's metrics, pairs, evaluations and
     every array of the final state exactly: the episode logic reduces to single-turn."""
-    from wmrl.rl.experiment import prepare_stages
-    from wmrl.rl.multiturn import MultiTurnTrainer
-    from wmrl.rl.trainer import Trainer
+    from wmrl.autoresearch.experiment import prepare_stages
+    from wmrl.autoresearch.multiturn import MultiTurnTrainer
+    from wmrl.autoresearch.trainer import Trainer
 
     data_dir, init_dir = rl_shared
     config = tiny_config(data_dir, init_dir, mode=mode, rl__anchor_lag=0)
@@ -132,7 +133,7 @@ def mt_config(mt_shared, **changes):
     ],
 )
 def test_every_mode_runs_two_turn_episodes_end_to_end(mt_shared, tmp_path, mode):
-    from wmrl.rl.experiment import run
+    from wmrl.autoresearch.experiment import run
 
     config = mt_config(mt_shared, mode=mode)
     summary = run(config, tmp_path, progress=False)
@@ -168,11 +169,11 @@ def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
     token and not on the script tokens."""
     import jax.numpy as jnp
 
+    from wmrl.autoresearch.env.observation import render_observation
+    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.experiment import prepare_stages
+    from wmrl.autoresearch.multiturn import MultiTurnTrainer
     from wmrl.core.grpo import token_policy_loss
-    from wmrl.envs.autoresearch.observation import render_observation
-    from wmrl.envs.autoresearch.pool import SandboxPool
-    from wmrl.rl.experiment import prepare_stages
-    from wmrl.rl.multiturn import MultiTurnTrainer
 
     config = mt_config(mt_shared, mode="wmrl")
     s = prepare_stages(config, tmp_path, progress=False)
@@ -186,7 +187,7 @@ def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
         trainer._policy_step = lambda state, batch: (batches.append(batch), step(state, batch))[1]
         key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
         k_gen, k_route = jax.random.split(key)
-        from wmrl.rl.step import PhaseClock
+        from wmrl.autoresearch.step import PhaseClock
 
         tasks = trainer._tasks_for_step(st.step)
         ep, _ = trainer.rollout(st, tasks, k_gen, k_route, PhaseClock())

@@ -3,10 +3,14 @@
 import pytest
 
 from tests.rl_fixtures import ROOT, load_config
+from wmrl.autoresearch import history
+from wmrl.autoresearch.config import (
+    config_differences,
+    load_config_file,
+    validate_autoresearch_config,
+)
+from wmrl.autoresearch.env.dataset import SEP
 from wmrl.config_errors import ConfigError
-from wmrl.envs.autoresearch.dataset import SEP
-from wmrl.rl import history
-from wmrl.rl.config import config_differences, load_config_file, validate_autoresearch_config
 
 
 def multiturn_config():

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from tests.rl_fixtures import tiny_config
+from wmrl.autoresearch import config as rlconfig
+from wmrl.autoresearch import data as rldata
+from wmrl.autoresearch import experiment, stages
+from wmrl.autoresearch.env import executor as executor_mod
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.grader import reward as status_reward
 from wmrl.config_errors import ConfigError
-from wmrl.envs.autoresearch import executor as executor_mod
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.envs.autoresearch.grader import reward as status_reward
 from wmrl.jsonl import read_jsonl
-from wmrl.rl import config as rlconfig
-from wmrl.rl import data as rldata
-from wmrl.rl import experiment, stages
 
 # Two samples (rl.eval_samples' count: the held-out evaluation's sampler shapes, compiled
 # once per session), the second held out (wm.policy_validation_every=2).

@@ -1,4 +1,4 @@
-"""The AutoResearch trainer started from a Hugging Face checkpoint (`wmrl.rl.pretrained`).
+"""The AutoResearch trainer started from a Hugging Face checkpoint (`wmrl.autoresearch.pretrained`).
 
 A tiny random Qwen3 (the reference implementation, `transformers`) is saved as safetensors
 with a byte-level BPE `tokenizer.json` (its 1,000 ids padded to 1,024 embedding rows, as
@@ -26,11 +26,11 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from tests.rl_fixtures import ROOT, TINY, load_config, set_fields  # noqa: E402
+from wmrl.autoresearch import pretrained  # noqa: E402
+from wmrl.autoresearch.config import load_config_file, validate_autoresearch_config  # noqa: E402
+from wmrl.autoresearch.env import author  # noqa: E402
 from wmrl.config_errors import ConfigError  # noqa: E402
-from wmrl.envs.autoresearch import author  # noqa: E402
 from wmrl.models.hf_import import config_from_hf  # noqa: E402
-from wmrl.rl import pretrained  # noqa: E402
-from wmrl.rl.config import load_config_file, validate_autoresearch_config  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EMBED_ROWS = 1024
@@ -112,8 +112,8 @@ def _ours_from_hf(weights: dict, name: str, layer: int) -> np.ndarray:
 # with transformers) and by the bad-settings tests below; this runs the whole pod pipeline.
 @pytest.mark.slow
 def test_pod_pipeline_from_hf_checkpoint(checkpoint, rl_shared, tmp_path):
-    from wmrl.rl.checkpoint import Checkpointer
-    from wmrl.rl.experiment import run
+    from wmrl.autoresearch.checkpoint import Checkpointer
+    from wmrl.autoresearch.experiment import run
 
     ckpt, weights = checkpoint
     data_dir, _ = rl_shared
@@ -239,7 +239,7 @@ def test_bad_pretrained_settings_name_the_field(checkpoint, rl_shared, tmp_path)
 
 def test_checkpoint_with_other_tensor_shapes_fails_before_training(checkpoint, tmp_path):
     """config.json and the tensors disagree: the import names the tensor before placing any."""
-    from wmrl.rl import models
+    from wmrl.autoresearch import model_setup
 
     ckpt, _ = checkpoint
     bad = _edited_copy(ckpt, tmp_path / "bad", intermediate_size=48)
@@ -247,4 +247,6 @@ def test_checkpoint_with_other_tensor_shapes_fails_before_training(checkpoint, t
     del config["model"]
     config.suite.tasks = TINY["suite.tasks"]
     with pytest.raises(ConfigError, match=r"mlp\.gate_proj\.weight.*\(64, 32\), expected"):
-        models.build_policy(config, 0, models.adam(1e-5), models.make_rl_mesh(config), 0)
+        model_setup.build_policy(
+            config, 0, model_setup.adam(1e-5), model_setup.make_rl_mesh(config), 0
+        )

@@ -5,8 +5,8 @@ log-probs and WM outputs (a real tiny transformer and world model)."""
 import numpy as np
 
 from tests.rl_fixtures import load_config
-from wmrl.rl import models
-from wmrl.rl.stages import prompt_buckets, trim_prompts
+from wmrl.autoresearch import model_setup
+from wmrl.autoresearch.stages import prompt_buckets, trim_prompts
 
 P, N = 64, 16
 
@@ -59,18 +59,18 @@ def test_a_trimmed_row_scores_as_at_full_width():
     from wmrl.models.transformer import token_logprobs
 
     c = _tiny(load_config())
-    mesh = models.make_rl_mesh(c)
+    mesh = model_setup.make_rl_mesh(c)
     rows = _rows([7, 12, 18], seed=1)
     ((w, _),) = prompt_buckets(rows, P, multiple=8)
     assert w == 24
     short = trim_prompts(rows, P, w)
-    policy = models.build_policy(c, 100, models.adam(1e-3), mesh, 0)
+    policy = model_setup.build_policy(c, 100, model_setup.adam(1e-3), mesh, 0)
     model = nnx.merge(policy.graphdef, policy.state.params)
     full = token_logprobs(model, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]), P)
     cut = token_logprobs(model, jnp.asarray(short["tokens"]), jnp.asarray(short["input_mask"]), w)
     np.testing.assert_allclose(np.asarray(cut)[:, w:], np.asarray(full)[:, P:], atol=2e-5)
     assert np.abs(np.asarray(full)[:, P:]).sum() > 0  # (something was compared)
-    wm = models.build_wm(c, 100, models.adam(1e-3), mesh, 1)
+    wm = model_setup.build_wm(c, 100, model_setup.adam(1e-3), mesh, 1)
     world = nnx.merge(wm.graphdef, wm.state.params)
     a = world(jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]))
     b = world(jnp.asarray(short["tokens"]), jnp.asarray(short["input_mask"]))
@@ -81,7 +81,7 @@ def test_a_trimmed_row_scores_as_at_full_width():
 def test_one_bucket_batches_are_the_single_turn_order():
     """One bucket (every single-turn stage): the batches are the earlier loop's, epochs of
     `rng.permutation(n)` cut into batches of `bs`, from the same generator state."""
-    from wmrl.rl.stages import bucket_batches
+    from wmrl.autoresearch.stages import bucket_batches
 
     n, bs, steps = 10, 4, 7
     got = bucket_batches(np.random.default_rng(3), [(P, np.arange(n))], bs)
@@ -98,7 +98,7 @@ def test_one_bucket_batches_are_the_single_turn_order():
 
 
 def test_two_bucket_batches_stay_in_one_bucket_in_proportion():
-    from wmrl.rl.stages import bucket_batches
+    from wmrl.autoresearch.stages import bucket_batches
 
     narrow, wide = np.arange(0, 30), np.arange(30, 40)  # 3 : 1
     got = bucket_batches(np.random.default_rng(0), [(16, narrow), (P, wide)], 5)

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.rl_fixtures import tiny_config
-from wmrl.rl.experiment import run
+from wmrl.autoresearch.experiment import run
 
 pytest.importorskip("ray", reason="the Ray extra (requirements-ray.txt) is not installed")
 

@@ -10,12 +10,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from wmrl.autoresearch.checkpoint import Checkpointer
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.state import Pending, Replay, RunState
 from wmrl.config_errors import ConfigError
 from wmrl.core.debias import DebiasConfig
 from wmrl.core.state import init_correction_state
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.rl.checkpoint import Checkpointer
-from wmrl.rl.state import Pending, Replay, RunState
 
 
 def small_state() -> RunState:
@@ -107,8 +107,8 @@ def test_checkpoint_of_another_layout_is_refused_with_a_message(tmp_path):
 
 
 def test_adaptive_rho_state_round_trips_and_a_run_without_it_keeps_its_layout(tmp_path):
+    from wmrl.autoresearch.checkpoint import _paths
     from wmrl.core.fidelity import AdaptiveRhoState
-    from wmrl.rl.checkpoint import _paths
 
     rule = AdaptiveRhoState(ema=jnp.float32(0.3), norm=jnp.float32(0.6), groups=jnp.int32(9))
     st = small_state().replace(adaptive_rho=rule)
@@ -190,7 +190,7 @@ def test_a_saved_config_without_the_new_wm_fields_compares_as_their_legacy_value
     """A run (or stage) saved before `wm.runtime_coef` & co. existed did what those fields at
     0 do: it resumes with them at 0, and differs (named) from a config that turns one on."""
     from tests.rl_fixtures import load_config
-    from wmrl.rl.config import config_differences, legacy_hint
+    from wmrl.autoresearch.config import config_differences, legacy_hint
 
     config = load_config()
     saved = json.loads(config.to_json_best_effort())

@@ -6,7 +6,7 @@ import numpy as np
 from scipy import stats
 
 from tests.rl_fixtures import tiny_config
-from wmrl.rl import models, stages
+from wmrl.autoresearch import model_setup, stages
 
 
 def test_within_task_spearman_hand_numbers():
@@ -32,9 +32,9 @@ def test_grouped_rows_draw_tasks_times_their_scripts():
 
 def test_wm_trunk_from_policy_copies_the_policy_weights(tmp_path):
     config = tiny_config(tmp_path / "d", tmp_path / "i", wm__trunk_from_policy=True)
-    mesh = models.make_rl_mesh(config)
-    policy = models.build_policy(config, 64, models.adam(1e-3), mesh, seed=0)
-    wm = models.build_wm(config, 64, models.adam(1e-3), mesh, seed=1,
+    mesh = model_setup.make_rl_mesh(config)
+    policy = model_setup.build_policy(config, 64, model_setup.adam(1e-3), mesh, seed=0)
+    wm = model_setup.build_wm(config, 64, model_setup.adam(1e-3), mesh, seed=1,
                          trunk_params=policy.state.params)  # fmt: skip
     trunk = wm.state.params["trunk"]
     jax.tree.map(
@@ -42,8 +42,9 @@ def test_wm_trunk_from_policy_copies_the_policy_weights(tmp_path):
         trunk, policy.state.params,
     )  # fmt: skip
     assert wm.state.params["head_w1"].shape[1] == config.policy.d_model  # the policy's width
-    plain = models.build_wm(tiny_config(tmp_path / "d", tmp_path / "i"), 64, models.adam(1e-3),
-                            mesh, seed=1)  # fmt: skip
+    plain = model_setup.build_wm(
+        tiny_config(tmp_path / "d", tmp_path / "i"), 64, model_setup.adam(1e-3), mesh, seed=1
+    )
     assert plain.state.params["head_w1"].shape[1] == config.wm.d_model
 
 

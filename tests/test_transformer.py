@@ -287,8 +287,8 @@ def test_entropy_bonus_gradient_and_the_rl_config_reaching_it():
     entropy (computed here independently from the logits), gradients likewise; the trainer's
     loss config takes `rl.entropy_coef` from the config."""
     from configs.autoresearch_tiny import get_config
+    from wmrl.autoresearch.model_setup import policy_loss_config
     from wmrl.models.train_steps import PolicyLossConfig, policy_loss_fn
-    from wmrl.rl.models import policy_loss_config
 
     model = Transformer(CFG, rngs=nnx.Rngs(2))
     rng = np.random.default_rng(1)

@@ -11,8 +11,9 @@ import optax
 import pytest
 from flax import nnx
 
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.envs.autoresearch.observation import ERROR_TYPES
+from wmrl.autoresearch import model_setup
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.observation import ERROR_TYPES
 from wmrl.models.config import TransformerConfig
 from wmrl.models.sharding import make_mesh
 from wmrl.models.train_steps import init_train_state, make_wm_score_fn, make_wm_train_step
@@ -26,7 +27,6 @@ from wmrl.models.world_model import (
     wm_loss,
     wm_normalisers,
 )
-from wmrl.rl import models
 
 TRUNK = TransformerConfig(
     vocab_size=48, d_model=32, num_layers=1, num_heads=4, num_kv_heads=2, mlp_dim=64, max_len=16
@@ -77,13 +77,13 @@ def test_wm_batch_runtime_targets_and_timeouts_out_of_the_reward_fit():
         "group": np.zeros(5, np.int32),
     }  # fmt: skip
     idx = np.arange(5)
-    b = models.wm_batch(rows, idx, np.random.default_rng(0), 50, runtime=True)
+    b = model_setup.wm_batch(rows, idx, np.random.default_rng(0), 50, runtime=True)
     np.testing.assert_array_equal(b["runtime_mask"], [1, 1, 0, 1, 0])
     np.testing.assert_array_equal(b["timed_out"], [False, True, False, False, False])
     np.testing.assert_allclose(b["log_runtime"][[0, 1, 3]], np.log([2.0, 15.0, 0.01]), rtol=1e-6)
     assert (b["member_weights"][[1, 4]] == 0).all() and b["member_weights"][0].sum() > 0
     np.testing.assert_array_equal(b["graded"], [True, False, True, True, False])
-    plain = models.wm_batch(rows, idx, np.random.default_rng(0), 50)
+    plain = model_setup.wm_batch(rows, idx, np.random.default_rng(0), 50)
     assert "runtime_mask" not in plain and plain["member_weights"][1].sum() > 0
     np.testing.assert_array_equal(plain["member_weights"][0], b["member_weights"][0])  # same rng
 
@@ -224,8 +224,8 @@ def test_predict_observation_from_the_trained_heads_recovers_the_planted_fields(
     type and runtime (a tiny task stands in for each row's leaderboard and metric)."""
     from types import SimpleNamespace
 
-    from wmrl.envs.autoresearch.metrics import get_metric
-    from wmrl.rl.wm_observation import predict_observation
+    from wmrl.autoresearch.env.metrics import get_metric
+    from wmrl.autoresearch.wm_observation import predict_observation
 
     test, out = trained["test"], trained["out"]
     task = SimpleNamespace(reference_scores=(0.5, 0.7, 0.9), metric=get_metric("accuracy"),
@@ -248,7 +248,7 @@ def test_predict_observation_from_the_trained_heads_recovers_the_planted_fields(
 
 
 def test_corpus_targets_runtime_and_error_type_from_the_records():
-    from wmrl.rl.data import reward_targets
+    from wmrl.autoresearch.data import reward_targets
 
     tb = "Traceback (most recent call last):\n  File \"x.py\", line 3\nKeyError: 'Label'\n"
     recs = [

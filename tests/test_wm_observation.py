@@ -1,4 +1,5 @@
-"""WM-written observations (`wmrl.rl.wm_observation`): hand numbers for the status mix and the
+"""WM-written observations (`wmrl.autoresearch.wm_observation`): hand numbers for the status mix
+and the
 leaderboard map, the static check's overrides, and the rendered text of a WM observation
 against real ones from sandbox executions of an episode task (same template, same fields in
 the same order)."""
@@ -17,18 +18,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "envs"))
 from autoresearch_fixtures import GOOD_SCRIPT, make_tiny_task
 
-from wmrl.envs.autoresearch.episode import make_episode_task
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.envs.autoresearch.grader import reward as status_reward
-from wmrl.envs.autoresearch.metrics import get_metric, percentile
-from wmrl.envs.autoresearch.observation import (
+from wmrl.autoresearch.env.episode import make_episode_task
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.grader import reward as status_reward
+from wmrl.autoresearch.env.metrics import get_metric, percentile
+from wmrl.autoresearch.env.observation import (
     ERROR_TYPES,
     Observation,
     observation_of,
     render_observation,
 )
-from wmrl.envs.autoresearch.pool import SandboxPool
-from wmrl.rl.wm_observation import (
+from wmrl.autoresearch.env.pool import SandboxPool
+from wmrl.autoresearch.wm_observation import (
     metric_from_percentile,
     predict_observation,
     status_probabilities,

@@ -165,7 +165,7 @@ class StepLog:
     file by the same rule. What a record is about cannot decide it: a step may record an
     earlier step's results (with `rl.anchor_lag = 1` the anchor pairs step t trains on are
     step t-1's, and labelled so), and such records survive a cut by their label and are then
-    written twice. The journals of real executions (`wmrl.rl.anchors`) are not step logs:
+    written twice. The journals of real executions (`wmrl.autoresearch.anchors`) are not step logs:
     they are kept whole, keyed by what was executed, so that a redone step reuses them.
 
     Local files are appended as records come; remote ones are uploaded by `flush`, which the

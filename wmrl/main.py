@@ -43,7 +43,7 @@ def validate(config) -> None:
 
         validate_bandit_config(config)
     elif experiment == "autoresearch":
-        from wmrl.rl.config import validate_autoresearch_config
+        from wmrl.autoresearch.config import validate_autoresearch_config
 
         validate_autoresearch_config(config)
     elif experiment == "embodied":
@@ -112,7 +112,7 @@ def main(argv: list[str]) -> None:
         check_fresh_workdir(workdir)
         check_writable_workdir(workdir)
         if config.experiment == "autoresearch":
-            from wmrl.rl.experiment import check_resumable
+            from wmrl.autoresearch.experiment import check_resumable
 
             check_resumable(config, workdir)  # before config.json is rewritten
         if config.experiment == "embodied":
@@ -141,7 +141,7 @@ def main(argv: list[str]) -> None:
         table = {v: s["final_suboptimality"] for v, s in summary["variants"].items()}
         print(json.dumps({"workdir": str(workdir), "final_suboptimality": table}, indent=2))
     elif config.experiment == "autoresearch":
-        from wmrl.rl.experiment import run
+        from wmrl.autoresearch.experiment import run
 
         summary = run(config, workdir, write_outputs=distributed.writes_outputs(cluster))
         keys = ("mode", "warmstart_heldout_reward", "final_heldout_reward", "wall_time_s",

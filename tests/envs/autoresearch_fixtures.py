@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from wmrl.envs.autoresearch.make_task import write_task
-from wmrl.envs.autoresearch.task import load_task
+from wmrl.autoresearch.env.make_task import write_task
+from wmrl.autoresearch.env.task import load_task
 
 
 def tiny_classification_df(n: int = 120, seed: int = 0) -> pd.DataFrame:

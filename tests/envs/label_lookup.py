@@ -357,8 +357,8 @@ def replayed_labels(task_id: str) -> pd.DataFrame | None:
     """The strongest lookup of all: the suite's builder, where the script can import it,
     rebuilds the task, hidden labels included. None where it cannot."""
     try:
-        from wmrl.envs.autoresearch import suite
-        from wmrl.envs.autoresearch.task import load_task
+        from wmrl.autoresearch.env import suite
+        from wmrl.autoresearch.env.task import load_task
     except ImportError:
         return None
     spec = next(t for t in suite.suite_tasks() if t.id == task_id)

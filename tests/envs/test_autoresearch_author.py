@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from autoresearch_fixtures import make_tiny_task
 
-from wmrl.envs.autoresearch import author
-from wmrl.envs.autoresearch.grader import Status, check_script
-from wmrl.envs.autoresearch.make_task import task_info
-from wmrl.envs.autoresearch.pool import SandboxPool
+from wmrl.autoresearch.env import author
+from wmrl.autoresearch.env.grader import Status, check_script
+from wmrl.autoresearch.env.make_task import task_info
+from wmrl.autoresearch.env.pool import SandboxPool
 
 CLF = author.TaskInfo("classification", "accuracy", "label", "id", True, True)
 REG = author.TaskInfo("regression", "rmse", "y", "id")
@@ -55,8 +55,8 @@ def test_mistakes_produce_their_status(tmp_path):
     df = tiny_classification_df()
     df.loc[::5, "a"] = np.nan
     task = make_tiny_task(tmp_path / "t", time_limit_s=4.0)
-    from wmrl.envs.autoresearch.make_task import write_task
-    from wmrl.envs.autoresearch.task import load_task
+    from wmrl.autoresearch.env.make_task import write_task
+    from wmrl.autoresearch.env.task import load_task
 
     write_task(
         df,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from autoresearch_fixtures import make_tiny_task
 
-from wmrl.envs.autoresearch import corpus, dataset
-from wmrl.envs.autoresearch.grader import Status
+from wmrl.autoresearch.env import corpus, dataset
+from wmrl.autoresearch.env.grader import Status
 
 
 @pytest.fixture(scope="module")

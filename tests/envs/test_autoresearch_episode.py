@@ -17,17 +17,17 @@ from autoresearch_fixtures import GOOD_SCRIPT, make_tiny_task, tiny_classificati
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score
 
-from wmrl.envs.autoresearch.episode import (
+from wmrl.autoresearch.env.episode import (
     MIN_TRAIN_ROWS,
     episode_rows,
     make_episode_task,
     split_seed,
 )
-from wmrl.envs.autoresearch.grader import Status, grade_submission
-from wmrl.envs.autoresearch.make_task import write_task
-from wmrl.envs.autoresearch.observation import observation_of, render_observation
-from wmrl.envs.autoresearch.pool import SandboxPool
-from wmrl.envs.autoresearch.task import TaskError, load_task
+from wmrl.autoresearch.env.grader import Status, grade_submission
+from wmrl.autoresearch.env.make_task import write_task
+from wmrl.autoresearch.env.observation import observation_of, render_observation
+from wmrl.autoresearch.env.pool import SandboxPool
+from wmrl.autoresearch.env.task import TaskError, load_task
 
 FEATURES = ["a", "b", "c"]
 

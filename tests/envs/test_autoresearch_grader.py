@@ -15,17 +15,17 @@ import pytest
 from autoresearch_fixtures import make_tiny_task
 from sklearn import metrics as skm
 
-from wmrl.envs.autoresearch import grader, metrics
-from wmrl.envs.autoresearch.grader import (
+from wmrl.autoresearch.env import grader, ids, metrics
+from wmrl.autoresearch.env.grader import (
     Status,
-    canonical_id,
     check_script,
     grade_submission,
     reward,
     static_outcome,
     undefined_names,
 )
-from wmrl.envs.autoresearch.task import load_task
+from wmrl.autoresearch.env.ids import canonical_id
+from wmrl.autoresearch.env.task import load_task
 
 
 def test_metrics_hand_numbers():
@@ -201,7 +201,7 @@ def test_float_ids_and_regression_nan(tmp_path):
     rng = np.random.default_rng(0)
     df = pd.DataFrame({"x": rng.normal(size=60)})
     df["y"] = 2 * df["x"] + 1
-    from wmrl.envs.autoresearch.make_task import write_task
+    from wmrl.autoresearch.env.make_task import write_task
 
     out = write_task(df, tmp_path / "reg", task_id="reg", target="y", metric="rmse")
     task = load_task(out)
@@ -217,7 +217,7 @@ def test_float_ids_and_regression_nan(tmp_path):
 def test_auc_submission_scores_probabilities(tmp_path):
     from autoresearch_fixtures import tiny_classification_df
 
-    from wmrl.envs.autoresearch.make_task import write_task
+    from wmrl.autoresearch.env.make_task import write_task
 
     out = write_task(
         tiny_classification_df(), tmp_path / "auc", task_id="auc", target="label", metric="roc_auc"
@@ -260,7 +260,7 @@ import json, resource, sys, time
 sys.path.insert(0, {tests!r})
 from autoresearch_fixtures import make_tiny_task
 from pathlib import Path
-from wmrl.envs.autoresearch.grader import grade_submission
+from wmrl.autoresearch.env.grader import grade_submission
 task = make_tiny_task(Path({root!r}) / "tiny")
 grade_submission(task, {honest!r})  # warm: labels cached, pandas paths loaded
 out = {{}}
@@ -328,7 +328,7 @@ def test_number_pattern_matches_exactly_what_the_old_one_did():
     attacks = ["1" * 2000 + "a", "1" * 2000 + ".", "1" * 1000 + "." + "1" * 1000 + "e", "." * 9]
     texts = short + longer + numbers + attacks
     assert sum(_matches(OLD_NUMBER, t) for t in texts) > 1000  # both outcomes well covered
-    mismatched = [t for t in texts if _matches(OLD_NUMBER, t) != _matches(grader.NUMBER, t)]
+    mismatched = [t for t in texts if _matches(OLD_NUMBER, t) != _matches(ids.NUMBER, t)]
     assert mismatched == []
 
 
@@ -336,7 +336,7 @@ def test_number_pattern_is_linear_on_the_attack_strings():
     """A megabyte of digits and a letter: the old pattern took hours (30,000 digits: 30 s)."""
     for text in ("1" * 2**20 + "a", "1" * 2**19 + "." + "1" * 2**19 + "a", "9" * 2**20 + "e+a"):
         t0 = time.perf_counter()
-        assert grader.NUMBER.fullmatch(text) is None
+        assert ids.NUMBER.fullmatch(text) is None
         assert time.perf_counter() - t0 < 0.5
 
 

@@ -9,10 +9,10 @@ import random
 import pytest
 from autoresearch_fixtures import make_tiny_task
 
-from wmrl.envs.autoresearch import author
-from wmrl.envs.autoresearch.grader import Status, reward
-from wmrl.envs.autoresearch.multiturn_corpus import execute_episodes, read_episodes
-from wmrl.envs.autoresearch.observation import ERROR_TYPES, Observation, render_observation
+from wmrl.autoresearch.env import author
+from wmrl.autoresearch.env.grader import Status, reward
+from wmrl.autoresearch.env.multiturn_corpus import execute_episodes, read_episodes
+from wmrl.autoresearch.env.observation import ERROR_TYPES, Observation, render_observation
 
 INFO = author.TaskInfo("classification", "accuracy", "label", "id", has_missing=True)
 
@@ -41,7 +41,7 @@ def test_fix_episodes_correct_the_first_scripts_mistake():
 
 
 def test_corrected_scripts_compile_and_name_everything():
-    from wmrl.envs.autoresearch.grader import static_outcome
+    from wmrl.autoresearch.env.grader import static_outcome
 
     for plan, sources in author.write_episodes(INFO, 30, seed=1, turns=2):
         assert static_outcome(sources[1].encode()) is None, plan

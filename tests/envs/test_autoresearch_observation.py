@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.envs.autoresearch.observation import (
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.observation import (
     ERROR_TYPES,
     Observation,
     error_type_of,
@@ -17,7 +17,7 @@ from wmrl.envs.autoresearch.observation import (
     static_fields,
     static_observation,
 )
-from wmrl.envs.autoresearch.pool import ExecutionResult
+from wmrl.autoresearch.env.result import ExecutionResult
 
 KEY_ERROR = """\
 Traceback (most recent call last):

@@ -20,8 +20,8 @@ import pytest
 from autoresearch_fixtures import make_tiny_task
 from test_autoresearch_sandbox import rlimits_pool
 
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.envs.autoresearch.task import TaskError, load_task
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.task import TaskError, load_task
 
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="rlimits as non-root shares our uid: the labels are readable"
@@ -70,7 +70,7 @@ def test_a_readable_private_dir_is_made_private_before_any_script_runs(open_dir,
         # The control: with the labels readable the lookup is a perfect score.
         leak = p.run(loaded_private, script)
         assert (leak.status, leak.score, leak.percentile) == (Status.VALID, 1.0, 1.0), leak
-        with caplog.at_level(logging.WARNING, logger="wmrl.envs.autoresearch.task"):
+        with caplog.at_level(logging.WARNING, logger="wmrl.autoresearch.env.task"):
             task = load_task(task_dir)
         assert mode(task_dir / "private") == 0o700
         assert mode(task_dir / "private" / "test_labels.csv") == 0o600
@@ -100,7 +100,7 @@ def test_private_files_are_repaired_whatever_their_directory(tmp_path, caplog):
     hard or symbolic link to it elsewhere would otherwise let the sandbox read it."""
     task = make_tiny_task(tmp_path / "t")
     os.chmod(task.labels_path, 0o644)
-    with caplog.at_level(logging.WARNING, logger="wmrl.envs.autoresearch.task"):
+    with caplog.at_level(logging.WARNING, logger="wmrl.autoresearch.env.task"):
         again = load_task(task.root)
     assert mode(again.labels_path) == 0o600 and mode(task.root / "private") == 0o700
     assert "test_labels.csv had mode 0644" in caplog.text

@@ -20,17 +20,17 @@ import time
 import pytest
 from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
 
+from wmrl.autoresearch.env.executor import make_executor, validate_suite_executor
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.pool import SandboxPool
 from wmrl.config_errors import ConfigError
-from wmrl.envs.autoresearch.executor import make_executor, validate_suite_executor
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.envs.autoresearch.pool import SandboxPool
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
 
 ray = pytest.importorskip("ray", reason="the Ray extra (requirements-ray.txt) is not installed")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from wmrl.envs.autoresearch.ray_executor import RayExecutor, pack_task  # noqa: E402
+from wmrl.autoresearch.env.ray_executor import RayExecutor, pack_task  # noqa: E402
 
 LIMITS = {"disk_mb": 64, "fsize_mb": 48, "submission_mb": 16}
 
@@ -102,7 +102,7 @@ def test_executor_fields_are_validated_by_name():
 def test_trainer_config_validation_names_the_executor_fields(tmp_path):
     import importlib.util
 
-    from wmrl.rl.config import validate_autoresearch_config
+    from wmrl.autoresearch.config import validate_autoresearch_config
 
     spec = importlib.util.spec_from_file_location("tiny", "configs/autoresearch_tiny.py")
     mod = importlib.util.module_from_spec(spec)
@@ -122,7 +122,7 @@ def test_trainer_config_validation_names_the_executor_fields(tmp_path):
     port = s.getsockname()[1]
     s.close()
     config.suite.ray_address = f"ray://127.0.0.1:{port}"  # a run: refused before any write
-    from wmrl.rl.experiment import run
+    from wmrl.autoresearch.experiment import run
 
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match=r"config\.suite\.ray_address.*nothing answers"):
@@ -498,7 +498,7 @@ def test_episode_results_carry_validation_and_error_type_through_ray(
     """A multi-turn episode task travels to the nodes whole (its validation labels too) and
     its results come back with the validation metric and the error type the local pool
     gives."""
-    from wmrl.envs.autoresearch.episode import make_episode_task
+    from wmrl.autoresearch.env.episode import make_episode_task
 
     episode = make_episode_task(task, tmp_path_factory.mktemp("episodes"))
     scripts = [GOOD_SCRIPT, GOOD_SCRIPT.replace('tr["label"]', 'tr["Label"]')]

@@ -15,9 +15,9 @@ import uuid
 import pytest
 from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
 
-from wmrl.envs.autoresearch import cgroups, linux, sandbox
-from wmrl.envs.autoresearch.grader import Status, static_outcome
-from wmrl.envs.autoresearch.pool import SandboxPool, SandboxStartupError
+from wmrl.autoresearch.env import cgroups, linux, sandbox
+from wmrl.autoresearch.env.grader import Status, static_outcome
+from wmrl.autoresearch.env.pool import SandboxPool, SandboxStartupError
 
 pytestmark = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="Linux sandbox")
 

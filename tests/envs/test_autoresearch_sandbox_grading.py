@@ -20,11 +20,11 @@ import pandas as pd
 import pytest
 from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
 
-from wmrl.envs.autoresearch import pool as pool_module
-from wmrl.envs.autoresearch.grader import MAX_SCRIPT_BYTES, Status
-from wmrl.envs.autoresearch.make_task import write_task
-from wmrl.envs.autoresearch.pool import SandboxPool
-from wmrl.envs.autoresearch.task import load_task
+from wmrl.autoresearch.env import pool as pool_module
+from wmrl.autoresearch.env.grader import MAX_SCRIPT_BYTES, Status
+from wmrl.autoresearch.env.make_task import write_task
+from wmrl.autoresearch.env.pool import SandboxPool
+from wmrl.autoresearch.env.task import load_task
 
 pytestmark = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="Linux sandbox")
 

@@ -21,9 +21,9 @@ import pytest
 from autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
 from test_autoresearch_sandbox import assert_no_sandbox_pids, rlimits_pool
 
-from wmrl.envs.autoresearch import sandbox
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.envs.autoresearch.pool import SandboxPool, SandboxStartupError
+from wmrl.autoresearch.env import sandbox
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.pool import SandboxPool, SandboxStartupError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
 REPO = Path(__file__).resolve().parents[2]
@@ -82,8 +82,8 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from autoresearch_fixtures import GOOD_SCRIPT, make_tiny_task
-from wmrl.envs.autoresearch import sandbox
-from wmrl.envs.autoresearch.pool import SandboxPool, SandboxStartupError
+from wmrl.autoresearch.env import sandbox
+from wmrl.autoresearch.env.pool import SandboxPool, SandboxStartupError
 
 out = {{"prefix": sys.prefix}}
 try:
@@ -271,7 +271,7 @@ def test_a_job_cgroup_left_full_cannot_starve_the_supervisor(task):
 @as_root
 def test_only_the_scripts_processes_are_in_the_job_cgroup(pool, task):
     """While a script runs, every process of its job cgroup runs as the sandbox uid."""
-    from wmrl.envs.autoresearch import cgroups
+    from wmrl.autoresearch.env import cgroups
 
     if "+cgroup" not in pool.isolation:
         pytest.skip("no job cgroups on this host")
@@ -332,7 +332,7 @@ def test_uid_blocks_are_distinct_between_pools_and_processes():
     """Blocks once collided for pids p and p + 2000 and for a process's 1st and 17th pool."""
     blocks = [sandbox.UidBlock.claim() for _ in range(20)]
     code = (
-        "from wmrl.envs.autoresearch import sandbox\n"
+        "from wmrl.autoresearch.env import sandbox\n"
         "print(*[sandbox.UidBlock.claim().base for _ in range(20)])\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -377,7 +377,7 @@ print("cpu", t.children_user + t.children_system, "wall", time.monotonic() - t0)
 def test_a_script_gets_one_cpu_core(pool, task):
     """Two spinning children used 7.97 CPU-seconds in 4 s on both cores; the cap (a CPU
     quota in the job cgroup, which affinity changes cannot lift) holds them to one."""
-    from wmrl.envs.autoresearch import cgroups
+    from wmrl.autoresearch.env import cgroups
 
     if not cgroups.cpu_available():
         pytest.skip("no CPU cgroup on this host: only affinity, which a script can widen")
@@ -497,7 +497,7 @@ import sys, time
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from autoresearch_fixtures import make_tiny_task
-from wmrl.envs.autoresearch.pool import SandboxPool
+from wmrl.autoresearch.env.pool import SandboxPool
 task = make_tiny_task(Path({task_dir!r}), time_limit_s=60.0)
 pool = SandboxPool(1)
 pool.submit(task, "import time\\ntime.sleep(60)\\n")
@@ -512,7 +512,7 @@ def test_a_killed_trainers_leftovers_are_removed_by_the_next_pool(pool, tmp_path
     """SIGKILL to a trainer's whole process group mid-execution leaves its work root and
     its job cgroups behind; the next pool's start removes them (their owner is dead), and
     leaves a live pool's alone."""
-    from wmrl.envs.autoresearch import cgroups
+    from wmrl.autoresearch.env import cgroups
 
     code = TRAINER.format(tests=str(Path(__file__).parent), task_dir=str(tmp_path / "tiny"))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -572,7 +572,7 @@ def test_a_planted_uid_lock_dir_is_refused(tmp_path, monkeypatch):
 def test_leftover_sweep_leaves_other_owners_dirs_alone(tmp_path):
     """Attacker's review of item 12: a directory named like a dead pool's work root but made by
     another uid (a sandbox script, a user) is not ours to delete; ours with a dead owner is."""
-    from wmrl.envs.autoresearch.pool import clean_dead_owners
+    from wmrl.autoresearch.env.pool import clean_dead_owners
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from autoresearch_fixtures import tiny_classification_df
 
-from wmrl.envs.autoresearch import suite
-from wmrl.envs.autoresearch.suite import build_suite, suite_tasks, task_frame
-from wmrl.envs.autoresearch.task import load_suite, load_task
+from wmrl.autoresearch.env import suite
+from wmrl.autoresearch.env.suite import build_suite, suite_tasks, task_frame
+from wmrl.autoresearch.env.task import load_suite, load_task
 
 
 def test_suite_definition_covers_the_required_variety():
@@ -54,7 +54,7 @@ def test_make_task_cli_builds_leaderboard(tmp_path, request):
         [
             sys.executable,
             "-m",
-            "wmrl.envs.autoresearch.make_task",
+            "wmrl.autoresearch.env.make_task",
             f"--csv={csv}",
             "--target=label",
             "--metric=accuracy",
@@ -83,7 +83,7 @@ def test_make_task_cli_builds_leaderboard(tmp_path, request):
         [
             sys.executable,
             "-m",
-            "wmrl.envs.autoresearch.make_task",
+            "wmrl.autoresearch.env.make_task",
             f"--csv={csv}",
             "--target=label",
             "--metric=logloss",
@@ -121,8 +121,8 @@ def test_a_suite_from_an_older_builder_is_refused(tmp_path):
     """A data_dir whose suite an older builder wrote (no version in its index) is refused
     with the field named, before anything is executed on it."""
     from tests.rl_fixtures import tiny_config
+    from wmrl.autoresearch.data import prepare_data
     from wmrl.config_errors import ConfigError
-    from wmrl.rl.data import prepare_data
 
     config = tiny_config(tmp_path / "data", tmp_path / "init")
     suite_dir = tmp_path / "data" / "suite"
@@ -140,8 +140,8 @@ def test_a_suite_from_an_older_builder_is_refused(tmp_path):
 def test_stages_made_on_an_older_builders_tasks_are_not_reused(tmp_path):
     """A stage saved before the suite recorded its version names the field it lacks."""
     from tests.rl_fixtures import tiny_config
+    from wmrl.autoresearch import stages
     from wmrl.config_errors import ConfigError
-    from wmrl.rl import stages
 
     config = tiny_config(tmp_path / "data", tmp_path / "init")
     saved = stages._fingerprint(config, "warmstart")

@@ -31,10 +31,10 @@ import pandas as pd
 import pytest
 from sklearn import datasets
 
-from wmrl.envs.autoresearch import author, suite
-from wmrl.envs.autoresearch.grader import Status, grade_submission
-from wmrl.envs.autoresearch.make_task import task_info
-from wmrl.envs.autoresearch.task import Task, load_task
+from wmrl.autoresearch.env import author, suite
+from wmrl.autoresearch.env.grader import Status, grade_submission
+from wmrl.autoresearch.env.make_task import task_info
+from wmrl.autoresearch.env.task import Task, load_task
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
 
@@ -243,7 +243,7 @@ def test_the_lookup_script_reads_the_copies_in_the_sandbox_and_loses(built_suite
     task's real leaderboard."""
     from test_autoresearch_sandbox import rlimits_pool
 
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.autoresearch.env.pool import SandboxPool
 
     root, calls = built_suite
     if isolation == "rlimits":

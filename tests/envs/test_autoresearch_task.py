@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from autoresearch_fixtures import make_tiny_task, tiny_classification_df
 
-from wmrl.envs.autoresearch.make_task import MAX_CARD_COLUMNS, make_task, task_info, write_task
-from wmrl.envs.autoresearch.task import (
+from wmrl.autoresearch.env.make_task import MAX_CARD_COLUMNS, make_task, task_info, write_task
+from wmrl.autoresearch.env.task import (
     MAX_MEMORY_MB,
     MAX_TIME_LIMIT_S,
     TaskError,
@@ -111,7 +111,7 @@ def test_run_cli_prints_one_json(tmp_path, request):
     task = make_tiny_task(tmp_path / "t")
     script = tmp_path / "s.py"
     script.write_text(GOOD_SCRIPT)
-    p = _cli(["wmrl.envs.autoresearch.run", f"--task={task.root}", f"--script={script}"], root)
+    p = _cli(["wmrl.autoresearch.env.run", f"--task={task.root}", f"--script={script}"], root)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     for key in (
@@ -129,14 +129,14 @@ def test_run_cli_prints_one_json(tmp_path, request):
     assert out["score"] == pytest.approx(good_script_score(task))
     p = _cli(
         [
-            "wmrl.envs.autoresearch.run",
+            "wmrl.autoresearch.env.run",
             f"--task={task.root}",
             f"--script={tmp_path / 'missing.py'}",
         ],
         root,
     )
     assert p.returncode != 0 and "does not exist" in p.stderr
-    p = _cli(["wmrl.envs.autoresearch.run", f"--task={tmp_path}", f"--script={script}"], root)
+    p = _cli(["wmrl.autoresearch.env.run", f"--task={tmp_path}", f"--script={script}"], root)
     assert p.returncode != 0 and "missing file task.json" in p.stderr
 
 
@@ -262,7 +262,7 @@ def test_make_task_cli_bad_csv_files(tmp_path, request):
         (good, tmp_path / "..bad", "task id"),
     )
     # The five commands side by side (each is an interpreter start and an import of pandas).
-    make = [sys.executable, "-m", "wmrl.envs.autoresearch.make_task"]
+    make = [sys.executable, "-m", "wmrl.autoresearch.env.make_task"]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     procs = [
         subprocess.Popen(
@@ -293,7 +293,7 @@ def test_make_task_cli_refuses_tasks_that_cannot_be_graded(tmp_path, request):
         (one_class, "--test_fraction=0.25", "classification target 'label' has one class"),
         (good, "--time_limit=0.001", "no baseline was graded VALID (dummy: TIMEOUT"),
     )
-    make = [sys.executable, "-m", "wmrl.envs.autoresearch.make_task", "--workers=1"]
+    make = [sys.executable, "-m", "wmrl.autoresearch.env.make_task", "--workers=1"]
     procs = [
         subprocess.Popen(
             [
@@ -350,8 +350,8 @@ def test_the_largest_limits_still_grade(tmp_path):
     without load_task)."""
     from autoresearch_fixtures import GOOD_SCRIPT, good_script_score
 
-    from wmrl.envs.autoresearch.grader import Status
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.autoresearch.env.grader import Status
+    from wmrl.autoresearch.env.pool import SandboxPool
 
     task = make_tiny_task(tmp_path / "max", time_limit_s=MAX_TIME_LIMIT_S, memory_mb=MAX_MEMORY_MB)
     assert (task.time_limit_s, task.memory_mb) == (86_400.0, 2**20)
@@ -431,7 +431,7 @@ def test_no_valid_baseline_leaves_nothing_behind(tmp_path):
     """The general guard: a task on which no baseline is graded VALID (here every one times
     out) is refused, with each baseline's status; nothing is left at --out (nor the
     parents made for it), and a task already there is kept as it was."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.autoresearch.env.pool import SandboxPool
 
     df = tiny_classification_df()
     kw = {"task_id": "slow", "target": "label", "metric": "accuracy", "time_limit_s": 0.001}
@@ -454,7 +454,7 @@ def test_a_target_name_with_a_comma(tmp_path):
     """ "my,label" is quoted in the CSV header; splitting the header on commas reported it
     absent (with a traceback) and left a half-built task directory. Built for real, with
     the baselines' leaderboard."""
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.autoresearch.env.pool import SandboxPool
 
     df = tiny_classification_df().rename(columns={"label": "my,label", "a": 'say "a"'})
     with SandboxPool(num_workers=2) as pool:
@@ -483,7 +483,7 @@ def test_headers_are_read_as_csv(tmp_path):
 def test_a_failed_write_leaves_no_partial_directory(tmp_path, monkeypatch):
     """Interrupted while writing (here: the card fails): neither --out nor a staging
     directory remains, and a task already at --out is kept."""
-    import wmrl.envs.autoresearch.make_task as mt
+    import wmrl.autoresearch.env.make_task as mt
 
     old = make_tiny_task(tmp_path / "t").root
     card = (old / "public/description.md").read_text()

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
+from wmrl.autoresearch.config import load_config_file
 from wmrl.benchmarks.common import machine
 from wmrl.embodied import experiment
-from wmrl.rl.config import load_config_file
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "embodied_push.py"
 

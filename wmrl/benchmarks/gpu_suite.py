@@ -131,7 +131,7 @@ def run_env(opts, part: Part) -> dict:
 
 
 def _model_config(path: str):
-    from wmrl.rl.config import load_config_file
+    from wmrl.autoresearch.config import load_config_file
 
     return load_config_file(ROOT / path)
 
@@ -165,8 +165,8 @@ def run_logits_check(opts, part: Part) -> dict:
 
 
 def run_wmrl_steps(opts, part: Part) -> dict:
+    from wmrl.autoresearch.experiment import run
     from wmrl.jsonl import read_jsonl
-    from wmrl.rl.experiment import run
     from wmrl.tools import prepare_gpu_artefacts as prep
 
     art = Path(opts.artefacts)

@@ -53,8 +53,8 @@ def _task(root: Path):
     import pandas as pd
     from sklearn.datasets import make_classification
 
-    from wmrl.envs.autoresearch.make_task import write_task
-    from wmrl.envs.autoresearch.task import load_task
+    from wmrl.autoresearch.env.make_task import write_task
+    from wmrl.autoresearch.env.task import load_task
 
     X, y = make_classification(n_samples=2000, n_features=20, random_state=0)
     df = pd.DataFrame(X, columns=[f"f{i}" for i in range(20)]).assign(target=y)
@@ -78,7 +78,7 @@ def _timed_runs(pool, task, script: str, n: int) -> tuple[float, float]:
 
 
 def run_benchmark(max_workers: int, batch: int, repeats: int = 10) -> dict:
-    from wmrl.envs.autoresearch.pool import SandboxPool
+    from wmrl.autoresearch.env.pool import SandboxPool
 
     with tempfile.TemporaryDirectory() as tmp:
         task = _task(Path(tmp))
@@ -123,8 +123,8 @@ def run_benchmark(max_workers: int, batch: int, repeats: int = 10) -> dict:
 def run_ray_benchmark(nodes: int, batch: int, repeats: int = 10, address: str = "") -> dict:
     from ray.cluster_utils import Cluster
 
-    from wmrl.envs.autoresearch.pool import SandboxPool
-    from wmrl.envs.autoresearch.ray_executor import RayExecutor
+    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.env.ray_executor import RayExecutor
 
     res: dict = {
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -255,7 +255,7 @@ def _define_flags() -> None:
 def main(argv) -> None:
     del argv
     if FLAGS.executor == "ray":
-        from wmrl.envs.autoresearch.executor import require_ray
+        from wmrl.autoresearch.env.executor import require_ray
 
         require_ray()
         res = run_ray_benchmark(FLAGS.nodes, FLAGS.batch, FLAGS.repeats, FLAGS.ray_address)

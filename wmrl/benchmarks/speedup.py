@@ -43,7 +43,7 @@ plus at the end: `rl.eval_at_s` (default: 12 points spaced geometrically from bu
 the budget, so that a time ratio has the same resolution wherever the target is reached) or
 every `rl.eval_every_s` seconds if that is set. Without it,
 each mode runs `rl.steps` (or `--steps`), evaluated by step count. Wall-clock is RL training
-time as `wmrl.rl` measures it (evaluations and checkpoint writes excluded, XLA compilation
+time as `wmrl.autoresearch` measures it (evaluations and checkpoint writes excluded, XLA compilation
 done before the clock starts).
 
 Every evaluation executes `--eval_samples` (default 5) scripts per held-out task, more than
@@ -55,7 +55,7 @@ Writes `--out` (default DIR/speedup.json), DIR/speedup.png (held-out reward vs t
 wall-clock and vs real executions, +-1 standard error bars) and prints a table. This module
 is the report (and the command); the runner is `speedup_runner`, and the figures are
 defined in `speedup_figures` next to the functions that compute them:
-`wmrl.rl.experiment.time_to_target`, `time_to_target_ratio`,
+`wmrl.autoresearch.experiment.time_to_target`, `time_to_target_ratio`,
 `reward_at_equal_wall_clock`, `se_at_wall_clock`, `time_average_reward`,
 `recent_mean_reward`, `amdahl`, `within_group_correlation` (how much GRPO signal the WM stream
 carries, on the anchors) and `static_check_stats` (precision and recall of `rl.static_check`
@@ -74,6 +74,7 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from wmrl.autoresearch.experiment import time_to_target
 from wmrl.benchmarks.speedup_figures import (
     amdahl,
     eval_se_stats,
@@ -96,7 +97,6 @@ from wmrl.benchmarks.speedup_runner import (
     shared_config,
 )
 from wmrl.core.stats import mean_ci95
-from wmrl.rl.experiment import time_to_target
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -564,7 +564,7 @@ def benchmark(config, workdir, modes=MODES, budget_s=None, steps=None, out=None,
     """Run (or resume, or reuse) the modes for each of `seeds` seeds, then write the JSON and
     the plot; returns it. `eval_samples` overrides `rl.eval_samples` (the command line's
     `--eval_samples`, default `EVAL_SAMPLES`)."""
-    from wmrl.rl.config import validate_autoresearch_config
+    from wmrl.autoresearch.config import validate_autoresearch_config
 
     workdir = Path(workdir)
     config = shared_config(config, workdir, budget_s, steps, eval_samples)

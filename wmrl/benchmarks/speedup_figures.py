@@ -2,15 +2,15 @@
 anchor pairs (`wmrl.benchmarks.speedup` reports them, the ablations notebook plots them).
 
 A curve is a run's `summary.json["heldout_curve"]` (evaluations with `wall_time_s`,
-`heldout_reward`, `heldout_reward_se`); time to a reward is `wmrl.rl.experiment
+`heldout_reward`, `heldout_reward_se`); time to a reward is `wmrl.autoresearch.experiment
 .time_to_target`, the same function the run's own summary uses.
 """
 
 from __future__ import annotations
 
-from wmrl.envs.autoresearch.grader import Status
-from wmrl.envs.autoresearch.grader import reward as _status_reward
-from wmrl.rl.experiment import time_to_target
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.grader import reward as _status_reward
+from wmrl.autoresearch.experiment import time_to_target
 
 
 def time_to_target_ratio(curves: dict[str, list[dict]], mode: str = "wmrl") -> dict:
@@ -185,8 +185,8 @@ def mean_step_time(steps: list[dict], warmup: int = 1) -> float | None:
 def calibration(pairs: list[dict], bins: int = 10) -> dict:
     """Reliability of the WM on the anchor pairs (pairs.jsonl): for the raw WM score (`r_wm`)
     and the debiased one (`r_cal`), the binned `(mean score, mean real reward)` points of
-    `wmrl.rl.plots.reliability` and the mean absolute error against the real reward."""
-    from wmrl.rl.plots import reliability
+    `wmrl.autoresearch.plots.reliability` and the mean absolute error against the real reward."""
+    from wmrl.autoresearch.plots import reliability
 
     real = [p["r_env"] for p in pairs]
     out = {"n": len(pairs)}

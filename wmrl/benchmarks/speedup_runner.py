@@ -1,7 +1,7 @@
 """The speedup benchmark's runner: the shared stages once, then every mode in a fresh process.
 
-It asks the pipeline whether a stage or a mode is done (`wmrl.rl.stages.stages_done`,
-`wmrl.rl.experiment.is_finished`) instead of knowing their folders. See
+It asks the pipeline whether a stage or a mode is done (`wmrl.autoresearch.stages.stages_done`,
+`wmrl.autoresearch.experiment.is_finished`) instead of knowing their folders. See
 `wmrl.benchmarks.speedup` for the command and what the directories hold.
 """
 
@@ -87,11 +87,11 @@ def _redirect_output(log_path: str | None) -> None:
 
 
 def _stages_child(config, log_path, progress) -> None:
-    """The stages of `wmrl.rl.experiment.run` before RL, into the shared dirs: the data
+    """The stages of `wmrl.autoresearch.experiment.run` before RL, into the shared dirs: the data
     stage, the warm start and the WM pretraining (built exactly as `run` builds them, so that
     every mode's `run` finds them done and loads them)."""
     _redirect_output(log_path)
-    from wmrl.rl.experiment import prepare_stages, quiet_orbax
+    from wmrl.autoresearch.experiment import prepare_stages, quiet_orbax
 
     quiet_orbax()
     prepare_stages(config, config.init_dir, progress)  # data_dir and init_dir are set
@@ -99,7 +99,7 @@ def _stages_child(config, log_path, progress) -> None:
 
 def _mode_child(config, workdir, log_path, progress) -> None:
     _redirect_output(log_path)
-    from wmrl.rl.experiment import run
+    from wmrl.autoresearch.experiment import run
 
     run(config, workdir, progress=progress)
 
@@ -111,7 +111,7 @@ def _child_main(parent_pid: int, target, args) -> None:
     if sys.platform == "linux":
         import signal
 
-        from wmrl.envs.autoresearch import linux
+        from wmrl.autoresearch.env import linux
 
         linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent_pid:  # the parent died before the call
@@ -145,7 +145,7 @@ def seed_config(config, index: int):
     others set `rl.seed` to the first's RL seed + `index`. Only the RL run's seed differs
     (policy sampling, task order, routing, executions); `seed`, which the shared stages
     depend on, stays, so every seed starts from the same data, warm start and WM."""
-    from wmrl.rl.config import rl_seed
+    from wmrl.autoresearch.config import rl_seed
 
     c = config.copy_and_resolve_references()
     if index:
@@ -154,8 +154,8 @@ def seed_config(config, index: int):
 
 
 def seeds_of(config, seeds: int) -> list[int]:
-    """The RL seeds (`wmrl.rl.config.rl_seed`) of the benchmark's `seeds` seeds."""
-    from wmrl.rl.config import rl_seed
+    """The RL seeds (`wmrl.autoresearch.config.rl_seed`) of the benchmark's `seeds` seeds."""
+    from wmrl.autoresearch.config import rl_seed
 
     return [rl_seed(seed_config(config, i)) for i in range(seeds)]
 
@@ -175,8 +175,8 @@ def run_modes(config, workdir: str | os.PathLike, modes=MODES, progress: bool = 
     `config` is the shared config (`shared_config`); seed i runs `seed_config(config, i)` in
     `run_dir(workdir, mode, i)`. With `log_to_files`, each process writes its output to
     DIR/shared/stages.log or <run dir>/run.log instead of the terminal."""
-    from wmrl.rl.experiment import check_resumable, is_finished
-    from wmrl.rl.stages import stages_done
+    from wmrl.autoresearch.experiment import check_resumable, is_finished
+    from wmrl.autoresearch.stages import stages_done
 
     workdir = Path(workdir)
     runs = [(run_dir(workdir, m, i), mode_config(seed_config(config, i), m))

@@ -45,9 +45,9 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from wmrl.autoresearch import data as rldata
+from wmrl.autoresearch import model_setup, stages
 from wmrl.benchmarks.common import machine
-from wmrl.rl import data as rldata
-from wmrl.rl import models, stages
 
 NO_RT = {"wm.runtime_coef": 0.0}
 VARIANTS = {
@@ -86,9 +86,9 @@ def variant_config(config, overrides: dict):
 
 def warm_started(config, prepared, warm_dir: Path):
     """(policy model, warm-started params) from `warm_dir/warmstart` (trained there once)."""
-    vocab = models.vocab_size(config, prepared.tokenizer)
-    mesh = models.make_rl_mesh(config)
-    policy = models.build_policy(config, vocab, models.adam(1e-3), mesh, config.seed)
+    vocab = model_setup.vocab_size(config, prepared.tokenizer)
+    mesh = model_setup.make_rl_mesh(config)
+    policy = model_setup.build_policy(config, vocab, model_setup.adam(1e-3), mesh, config.seed)
     params, _ = stages.warm_start(config, prepared, policy, warm_dir / "warmstart")
     return policy, params
 
@@ -108,12 +108,12 @@ def run_variant(
     the policy needs the warm start, built once into `warm_dir/warmstart` (default the
     workdir) for all variants. `samples`: policy samples, fitted on when the config's
     `wm.policy_samples_per_task` > 0, their held-out part reported either way."""
-    vocab = models.vocab_size(config, prepared.tokenizer)
-    mesh = models.make_rl_mesh(config)
+    vocab = model_setup.vocab_size(config, prepared.tokenizer)
+    mesh = model_setup.make_rl_mesh(config)
     trunk = None
     if config.wm.trunk_from_policy:
         _, trunk = warm_started(config, prepared, warm_dir or workdir)
-    wm = models.build_wm(config, vocab, models.adam(config.wm.online_learning_rate), mesh,
+    wm = model_setup.build_wm(config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh,
                          config.seed + 1, trunk_params=trunk)  # fmt: skip
     stage_dir = workdir / name / "wm_pretrain"
     t0 = time.monotonic()
@@ -159,7 +159,7 @@ def main(argv):
     unknown = sorted(set(_VARIANTS.value) - set(VARIANTS))
     if unknown:
         raise app.UsageError(f"--variants: unknown {unknown}; one of {sorted(VARIANTS)}")
-    from wmrl.rl.experiment import quiet_orbax
+    from wmrl.autoresearch.experiment import quiet_orbax
 
     quiet_orbax()
     workdir = Path(_WORKDIR.value)

@@ -1,1 +1,7 @@
-"""Environments: synthetic bandits and Mini AutoResearch (see DESIGN.md section 4)."""
+"""Command-line aliases only.
+
+The environments live with their experiments: `wmrl.autoresearch.env` (Mini AutoResearch:
+tasks, sandbox, grader), `wmrl.bandits`, `wmrl.embodied`. The modules under
+`wmrl.envs.autoresearch` keep the documented command lines working
+(`python -m wmrl.envs.autoresearch.suite ...` runs `wmrl.autoresearch.env.suite`).
+"""

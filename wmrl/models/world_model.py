@@ -27,7 +27,8 @@ times out cannot get a high predicted score. The limit is an input (the RL run's
 below the limit the corpus was executed under: a 30 s script that was VALID in the corpus
 times out under a 20 s cap).
 
-Observation heads (the multi-turn feedback a WM writes, `wmrl.rl.wm_observation`): the class
+Observation heads (the multi-turn feedback a WM writes, `wmrl.autoresearch.wm_observation`): the
+class
 head is the status head (over the ladder's statuses); `num_error_types > 0` adds a linear
 error-type head (logits over `observation.ERROR_TYPES`, trained on RUNTIME_ERROR rows only:
 P(exception class | runtime error)); `validation_head` an MLP predicting the mean and

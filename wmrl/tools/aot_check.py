@@ -40,7 +40,7 @@ def step_shape(config) -> tuple[int, int, int]:
     or, for a WMRL trainer config (configs/qwen3_*.py), the RL step's trajectories per step,
     prompt + script length and `rl.num_micro_batches`."""
     if "rl" in config:
-        from wmrl.rl.config import groups_per_step
+        from wmrl.autoresearch.config import groups_per_step
 
         seq = config.data.max_prompt_len + config.data.max_new_tokens
         batch = groups_per_step(config) * config.rl.group_size

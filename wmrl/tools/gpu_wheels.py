@@ -26,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 JAX_ON_DEVICE = "0.11.2"
-# What the suite imports (wmrl.rl.experiment and the trainer, the benchmarks, the sandboxed
+# What the suite imports (wmrl.autoresearch.experiment and the trainer, the benchmarks, the
+# sandboxed
 # scripts' scientific stack); the version ranges come from requirements.txt.
 NEEDED = (
     "flax", "optax", "orbax-checkpoint", "etils", "ml-collections", "absl-py", "tqdm",

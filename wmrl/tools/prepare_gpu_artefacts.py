@@ -25,7 +25,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from wmrl.rl.presets import TINY_SETTING
+from wmrl.autoresearch.presets import TINY_SETTING
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGITS_NAME = "reference_logits.npz"
@@ -42,7 +42,7 @@ TOLERANCE = {"float32": 1e-2, "bfloat16": 4e-2}
 def rl_config(artefacts: Path, dry_run: bool, steps: int | None = None):
     """configs/autoresearch_tiny.py (the dry-run sizes with `dry_run`) starting from the
     artefacts' `data_dir` and `init_dir`, evaluated at its start and end only."""
-    from wmrl.rl.config import load_config_file
+    from wmrl.autoresearch.config import load_config_file
 
     c = load_config_file(ROOT / "configs" / "autoresearch_tiny.py")
     items = dict(DRY_RUN_RL) if dry_run else {}
@@ -188,7 +188,7 @@ def folder_mib(path: Path) -> float:
 
 def build(out: Path, dry_run: bool, progress: bool = True) -> dict:
     """Data stage, warm start, WM pretraining (each reused if present) and the logits."""
-    from wmrl.rl.experiment import prepare_stages
+    from wmrl.autoresearch.experiment import prepare_stages
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,480 @@
+"""The AutoResearch pipeline behind `python -m wmrl.main --config=configs/autoresearch_tiny.py`.
+
+`run(config, workdir)` does, resumably: data stage -> warm start -> (policy samples, with
+`wm.policy_samples_per_task` > 0) -> WM pretraining -> RL with evaluations -> summary and
+plots. Importable from a notebook (`colabs/ablations.ipynb`).
+
+Files in the workdir:
+    metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval")
+    pairs.jsonl     the anchor pairs (raw WM score, calibrated score, real reward) per step
+                    (`step`: the step whose anchors they are; with rl.anchor_lag = 1 the
+                    next step trains on them and writes them)
+    anchors.jsonl   journal of every real anchor execution (survives preemption); with
+                    several processes one per process, anchors.p{index}.jsonl
+    heldout.jsonl   the same for the held-out evaluations' executions (a resumed run reuses
+                    them instead of executing, and re-randomising, them again)
+    summary.json    final results (its presence marks the run finished)
+    checkpoints/    Orbax CheckpointManager steps
+    tb/             TensorBoard event files
+    plots/          heldout_reward.png, wm_calibration.png, corrections.png
+    init/, data/    warm-start and WM-pretraining checkpoints (and the policy samples when
+                    wm.policy_samples_per_task > 0), the data stage (unless
+                    config.init_dir / config.data_dir point elsewhere)
+
+The workdir may be a URL such as gs://BUCKET/PATH (`wmrl.storage`): everything above is then
+written there, except the data stage, whose sandboxed subprocesses need local files: it goes
+to `config.data_dir` (which must be local) or else to a local cache folder
+(`wmrl.storage.local_cache_dir`). On an object store, metrics.jsonl and pairs.jsonl are
+uploaded whole before every checkpoint (and at the end), the journal at the end of every RL
+step (see `wmrl.jsonl.JsonlWriter` and `wmrl.autoresearch.anchors.AnchorJournal`).
+
+A run resumes from its latest checkpoint (step k; `wmrl.autoresearch.checkpoint`). Every record of
+metrics.jsonl and pairs.jsonl carries `written_at_step`, the step that wrote it, and those
+written after step k are cut from both files by that one rule (`wmrl.jsonl.StepLog`), then
+written again by the redone steps; TensorBoard hides its scalars of steps after k. The
+journals are kept whole: a redone step reuses the executions they hold.
+
+Wall-clock (`wall_time_s`) counts RL steps only (generation, execution, WM scoring,
+training); held-out evaluations, checkpoint writes and the one-time XLA compilation of the
+step (done before the clock starts, reported as `compile_s` in summary.json) are excluded,
+identically in every mode, and time lost to a preemption after the last checkpoint is not
+counted twice.
+
+Several JAX processes (`wmrl.main` on a pod) run `run` together on the same global batch:
+each runs its own sandbox pool and journal (`wmrl.autoresearch.anchors`), checkpoints are saved and
+restored by all of them (Orbax), and only the process with `write_outputs` writes
+metrics.jsonl, pairs.jsonl, tb/, plots/ and summary.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import jax
+from etils import epath
+from tqdm import tqdm
+
+from wmrl import distributed, storage
+from wmrl.autoresearch import config as rlconfig
+from wmrl.autoresearch import data as rldata
+from wmrl.autoresearch import model_setup, stages
+from wmrl.autoresearch.plots import plot_run
+from wmrl.config_errors import ConfigError
+from wmrl.jsonl import StepLog, read_jsonl
+
+# How long the other processes wait for process 0's data stage (it executes the corpus).
+DATA_STAGE_TIMEOUT_S = 6 * 3600
+
+
+class _QuietOrbax(logging.Filter):
+    """Orbax logs every save step at INFO through absl; keep its warnings and errors only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+def quiet_orbax() -> None:
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _QuietOrbax) for f in logger.filters):
+        logger.addFilter(_QuietOrbax())
+
+
+def data_dir(config, workdir: str | os.PathLike) -> Path:
+    """The data stage's folder, always local: `config.data_dir`, else `<workdir>/data`, else
+    (remote workdir) `<local cache>/data` (see `wmrl.storage.local_cache_dir`)."""
+    if config.data_dir:
+        storage.require_local(config.data_dir, "data_dir")
+        return Path(config.data_dir)
+    if storage.is_local(workdir):
+        return Path(workdir) / "data"
+    return storage.local_cache_dir(workdir) / "data"
+
+
+def init_dir(config, workdir: str | os.PathLike) -> epath.Path:
+    return epath.Path(config.init_dir) if config.init_dir else epath.Path(workdir) / "init"
+
+
+def is_finished(workdir: str | os.PathLike) -> bool:
+    """Whether `workdir` holds a finished run (its summary.json, written last, exists)."""
+    return (epath.Path(workdir) / "summary.json").exists()
+
+
+def check_resumable(config, workdir: str | os.PathLike) -> None:
+    """A workdir that holds a run with a different config is refused, naming the fields."""
+    workdir = epath.Path(workdir)
+    saved = workdir / "config.json"
+    if not saved.exists():
+        return
+    before = json.loads(saved.read_text())
+    diff = rlconfig.config_differences(before, config)
+    if diff:
+        raise ConfigError(
+            "config",
+            f"{workdir} holds a run with a different config (fields: {', '.join(diff)}); "
+            "resume it with the same config or choose a new --workdir"
+            + rlconfig.legacy_hint(before, diff),
+        )
+
+
+class _Log:
+    """metrics.jsonl / pairs.jsonl / TensorBoard, written by the output owner only.
+
+    The JSONL files are a `wmrl.jsonl.StepLog`: every record carries the step that wrote it
+    (`written_at_step`), and a resume cuts every file by that stamp (a step's pairs, labelled
+    with the step whose anchors they are, may be written one step later). TensorBoard's
+    scalars of the steps a resume redoes are hidden by the new event file (its purge step).
+    Local workdir: records are appended (and TensorBoard flushed) as they come. Remote
+    workdir: they are uploaded by `flush`, which `run` calls before every checkpoint, so a
+    restored checkpoint never has steps whose records were lost.
+    """
+
+    NAMES = ("metrics.jsonl", "pairs.jsonl")
+
+    def __init__(self, workdir: epath.Path, enabled: bool):
+        self.enabled = enabled
+        self.workdir = workdir
+        self.local = storage.is_local(workdir)
+        self.files = StepLog(workdir, self.NAMES)
+        self.tb = None  # opened by `restart_at`, which knows the steps to hide
+
+    def restart_at(self, step: int | None) -> None:
+        """Keep the records written by steps <= step (those a restored checkpoint has seen),
+        or none (step None: a fresh run); open TensorBoard past them."""
+        if not self.enabled:
+            return
+        self.files.restart_at(step)
+        purge = 0 if step is None else step + 1
+        self.tb = storage.tensorboard_writer(self.workdir / "tb", purge_step=purge)
+
+    def write(self, name: str, records: list[dict], step: int) -> None:
+        """Log `records` to file `name`, written by RL step `step` (the steps done so far)."""
+        if not self.enabled or not records:
+            return
+        self.files.write(name, records, step)
+        if name == "metrics.jsonl" and self.tb is not None:
+            for r in records:
+                for k, v in r.items():
+                    if isinstance(v, int | float) and not isinstance(v, bool) and k != "step":
+                        self.tb.add_scalar(f"{r['kind']}/{k}", v, r["step"])
+            if self.local:
+                self.tb.flush()
+
+    def flush(self) -> None:
+        self._each("flush")
+
+    def close(self) -> None:
+        self._each("close")
+
+    def _each(self, method: str) -> None:
+        """Call `method` on the JSONL files, then on TensorBoard."""
+        if self.enabled:
+            getattr(self.files, method)()
+            if self.tb is not None:
+                getattr(self.tb, method)()
+
+
+@dataclasses.dataclass
+class Stages:
+    """What the stages before RL produce (see `prepare_stages`)."""
+
+    prepared: rldata.Prepared
+    policy: model_setup.Model
+    wm: model_setup.Model
+    policy_params: dict
+    wm_params: dict
+    sft_report: dict
+    wm_report: dict
+    seconds: float
+    policy_samples_report: dict | None = None  # None: wm.policy_samples_per_task = 0
+
+
+def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) -> Stages:
+    """Data stage, warm start and WM pretraining (each loaded if already done): everything
+    RL starts from. The speedup benchmark calls this once for all modes."""
+    t0 = time.monotonic()
+    with distributed.main_process_first("data stage", timeout_s=DATA_STAGE_TIMEOUT_S):
+        prepared = rldata.prepare_data(config, data_dir(config, workdir), progress=progress)
+    vocab = model_setup.vocab_size(config, prepared.tokenizer)
+    mesh = model_setup.make_rl_mesh(config)
+    policy = model_setup.build_policy(
+        config, vocab, model_setup.adam(config.rl.learning_rate), mesh, config.seed
+    )
+    inits = init_dir(config, workdir)
+    policy_params, sft_report = stages.warm_start(
+        config, prepared, policy, inits / "warmstart", progress
+    )
+    # The warm-started policy's own scripts, executed, for the WM pretraining (k > 0 only).
+    samples, samples_report = stages.policy_samples(
+        config, prepared, policy, policy_params, inits / stages.POLICY_SAMPLES, progress
+    )
+    # A WM trunk shared with the policy starts from its weights: the checkpoint's (policy
+    # params before the warm start) or, with wm.trunk_from_policy, the warm-started ones.
+    trunk = policy_params if config.wm.trunk_from_policy else policy.state.params
+    wm = model_setup.build_wm(
+        config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh, config.seed + 1,
+        trunk_params=trunk,
+    )  # fmt: skip
+    wm_params, wm_report = stages.pretrain_wm(
+        config, prepared, wm, inits / "wm_pretrain", progress, samples=samples
+    )
+    return Stages(
+        prepared, policy, wm, policy_params, wm_params, sft_report, wm_report,
+        time.monotonic() - t0, samples_report,
+    )  # fmt: skip
+
+
+def run(
+    config, workdir: str | os.PathLike, write_outputs: bool = True, progress: bool = True
+) -> dict:
+    """Run (or resume) the whole pipeline; returns the summary."""
+    from wmrl.autoresearch.checkpoint import Checkpointer
+
+    workdir = epath.Path(workdir)
+    quiet_orbax()
+    rlconfig.validate_autoresearch_config(config)
+    workdir.mkdir(parents=True, exist_ok=True)
+    # suite.executor: this host's pool or one per Ray node; every execution seeded from the
+    # run's seed and its key (the same when a resumed run executes it again)
+    pool = _ExecutorStart(config)
+    try:
+        s = prepare_stages(config, workdir, progress)
+    except BaseException:
+        pool.close()
+        raise
+    pool = pool.result()
+    policy_params, wm_params = s.policy_params, s.wm_params
+
+    log = _Log(workdir, write_outputs)
+    ckpt = Checkpointer(workdir, config.rl.keep_checkpoints)
+    trainer = make_trainer(config, s, pool, workdir)
+    try:
+        st = trainer.initial_state(policy_params, wm_params)
+        restored = ckpt.restore_latest(st)
+        if restored is not None:
+            st = restored
+            print(f"resuming from the checkpoint of step {st.step}", flush=True)
+            log.restart_at(st.step)
+        else:
+            log.restart_at(None)
+        if not st.evals:  # the warm-start policy's held-out reward, step 0
+            ev = trainer.evaluate(st)
+            st.evals.append(ev)
+            log.write("metrics.jsonl", [{"kind": "eval", **ev}], st.step)
+            log.flush()  # before the checkpoint: records never lag behind it
+            ckpt.save(st, rlconfig.rl_seed(config))
+        st, compile_s = _train(config, trainer, st, log, ckpt, progress)
+    finally:
+        trainer.journal.close()
+        trainer.eval_journal.close()
+        pool.close()
+        ckpt.close()
+        log.close()
+    summary = make_summary(config, st, s.sft_report, s.wm_report, s.seconds, compile_s)
+    if s.policy_samples_report is not None:  # the stage's cost (executions, seconds)
+        summary["policy_samples"] = {
+            k: v for k, v in s.policy_samples_report.items() if k != "config"
+        }
+    if write_outputs:
+        records = read_jsonl(workdir / "metrics.jsonl")
+        plot_run(
+            workdir,
+            [r for r in records if r["kind"] == "step"],
+            st.evals,
+            read_jsonl(workdir / "pairs.jsonl"),
+            config.target_reward,
+        )
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+class _ExecutorStart:
+    """The RL run's executor (`suite.executor`), started while the stages load.
+
+    A local pool's start is a template process importing the sandbox's libraries and the
+    start-up canary run through the sandbox (~3 s on the idle 2-core machine, in other
+    processes): a thread starts it beside the stages' loading (`prepare_stages`, on this
+    process's core). A start-up failure is raised by `result()`, after the stages, exactly
+    as before. The Ray executor starts in `result()`, on the calling thread (ray.init
+    installs signal handlers, which only the main thread may).
+    """
+
+    def __init__(self, config):
+        from wmrl.autoresearch.env.executor import make_executor
+
+        self._make = lambda: make_executor(config.suite, seed=rlconfig.rl_seed(config))
+        self._thread = None
+        if config.suite.get("executor", "local") == "local":
+            self._box: dict = {}
+            self._thread = threading.Thread(target=self._start, name="executor-start", daemon=True)
+            self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._box["pool"] = self._make()
+        except BaseException as e:  # raised again by result()
+            self._box["error"] = e
+
+    def result(self):
+        if self._thread is None:
+            return self._make()
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["pool"]
+
+    def close(self) -> None:
+        """Close the pool once started (the stages failed)."""
+        if self._thread is not None:
+            self._thread.join()
+            if "pool" in self._box:
+                self._box["pool"].close()
+
+
+def make_trainer(config, s: Stages, pool, workdir):
+    """The single-turn `Trainer`, or for `env.turns` > 1 the episode trainer
+    (`wmrl.autoresearch.multiturn`), on the stages' outputs."""
+    if config.env.turns > 1:
+        from wmrl.autoresearch.multiturn import MultiTurnTrainer as Chosen
+    else:
+        from wmrl.autoresearch.trainer import Trainer as Chosen
+    return Chosen(config, s.prepared, s.policy, s.wm, pool, workdir)
+
+
+def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
+    """The RL loop from `st` to `rl.steps` (or the wall-clock budget): step, log, evaluate,
+    checkpoint. Returns the final state and the warm-up's compile seconds."""
+    steps, budget = config.rl.steps, config.rl.max_wall_time_s
+    compile_s = 0.0
+    if st.step < steps:
+        if progress:
+            print("compiling the RL step (not counted in wall_time_s)", flush=True)
+        compile_s = trainer.warmup(st)
+    out_of_time = lambda: bool(budget) and st.wall_time_s >= budget
+    bar = _progress_bar(config, st, steps, budget, progress)
+    while st.step < steps and not out_of_time():
+        st, metrics, pairs = trainer.run_step(st)
+        trainer.journal.flush()  # remote workdir: the step's executions, uploaded
+        log.write("metrics.jsonl", [{"kind": "step", **metrics}], st.step)
+        log.write("pairs.jsonl", pairs, st.step)  # with the lag: the previous step's anchors
+        last = st.step == steps or out_of_time()
+        do_eval = st.step % config.rl.eval_every == 0 or last or _eval_due_s(config, st)
+        do_save = st.step % config.rl.checkpoint_every == 0 or last
+        trained_s = st.wall_time_s  # the policy this step made exists from here on
+        if do_eval or do_save:  # untimed work: background anchors finish first, timed
+            st, drain_s = trainer.drain(st)
+            # The wait counts as training time and can use up the budget: the loop ends
+            # here then, and a run always ends with an evaluation of its final policy.
+            do_eval = do_eval or out_of_time()
+        if do_eval:
+            # Stamped when its policy existed: the wait for the anchors still executing
+            # (which an uninterrupted run overlaps with its next step) does not change the
+            # policy; it is counted in wall_time_s all the same, so every later step and
+            # evaluation carries it.
+            ev = {**trainer.evaluate(st), "wall_time_s": trained_s, "anchor_drain_s": drain_s}
+            st.evals.append(ev)
+            log.write("metrics.jsonl", [{"kind": "eval", **ev}], st.step)
+        if do_save:
+            log.flush()
+            ckpt.save(st, rlconfig.rl_seed(config))
+        bar.update((_bar_time(st, budget) if budget else st.step) - bar.n)
+        bar.set_postfix(
+            step=st.step,
+            reward=f"{metrics['train_reward']:.3f}",
+            heldout=f"{st.evals[-1]['heldout_reward']:.3f}",
+        )
+    bar.close()
+    return st, compile_s
+
+
+def _eval_due_s(config, st) -> bool:
+    """Whether training wall-clock passed a multiple of `rl.eval_every_s`, or a point of
+    `rl.eval_at_s`, since the last evaluation (neither set = evaluations by step count only):
+    modes whose steps take different times are then evaluated at the same wall-clock points
+    (the speedup benchmark)."""
+    last, now = st.evals[-1]["wall_time_s"], st.wall_time_s
+    if any(last < p <= now for p in config.rl.eval_at_s):
+        return True
+    every = config.rl.eval_every_s
+    return bool(every) and now // every > last // every
+
+
+def _progress_bar(config, st, steps: int, budget: float, progress: bool) -> tqdm:
+    """Steps out of `rl.steps`; under a wall-clock budget (`rl.max_wall_time_s`, e.g. the
+    speedup benchmark's `--budget_s`, which lifts the step limit) training seconds out of the
+    budget, so that the ETA means something (the step is in the postfix)."""
+    desc = f"RL ({config.mode})"
+    if budget:
+        return tqdm(total=round(budget), initial=_bar_time(st, budget), unit="s", desc=desc,
+                    disable=not progress)  # fmt: skip
+    return tqdm(total=steps, initial=st.step, unit="step", desc=desc, disable=not progress)
+
+
+def _bar_time(st, budget: float) -> int:
+    return round(min(st.wall_time_s, budget))
+
+
+def time_to_target(evals: list[dict], target: float) -> float | None:
+    for e in evals:
+        if e.get("heldout_reward") is not None and e["heldout_reward"] >= target:
+            return e["wall_time_s"]
+    return None
+
+
+def _by_turn(evals: list[dict]) -> dict:
+    """Multi-turn runs: the held-out reward of the best of the first t turns (a list, turn 1
+    first) for the warm start and the final policy; nothing for single-turn runs."""
+    if "heldout_reward_by_turn" not in evals[0]:
+        return {}
+    return {
+        "warmstart_heldout_reward_by_turn": evals[0]["heldout_reward_by_turn"],
+        "final_heldout_reward_by_turn": evals[-1]["heldout_reward_by_turn"],
+        "final_heldout_improved_fraction": evals[-1]["heldout_improved_fraction"],
+    }
+
+
+def make_summary(
+    config, st, sft_report: dict, wm_report: dict, stage_s: float, compile_s: float = 0.0
+) -> dict:
+    evals = st.evals
+    held = {k: v for k, v in wm_report["heldout"].items() if k not in ("scores", "targets")}
+    return {
+        "mode": config.mode,
+        "routing": config.routing,
+        "steps": st.step,
+        "warmstart_heldout_reward": evals[0]["heldout_reward"],
+        "final_heldout_reward": evals[-1]["heldout_reward"],
+        "best_heldout_reward": max((e["heldout_reward"] or 0.0) for e in evals),
+        "wall_time_s": st.wall_time_s,
+        "target_reward": config.target_reward,
+        "time_to_target_s": time_to_target(evals, config.target_reward),
+        "real_executions": st.real_executions,
+        "wm_calls": st.wm_calls,
+        "eval_executions": len(evals)
+        * config.rl.eval_samples
+        * len(evals[0]["heldout_per_task"])
+        * config.env.turns,
+        "heldout_curve": [
+            {
+                "step": e["step"],
+                "wall_time_s": e["wall_time_s"],
+                "real_executions": e["real_executions"],
+                "heldout_reward": e["heldout_reward"],
+                "heldout_reward_se": e.get("heldout_reward_se"),
+            }
+            for e in evals
+        ],
+        "final_heldout_status_rates": evals[-1]["heldout_status_rates"],
+        **_by_turn(evals),
+        "wm_pretrain_heldout": held,
+        # without the stage's config (a loaded stage's report carries it, a built one's not)
+        "warm_start": {k: v for k, v in sft_report.items() if k != "config"},
+        "stages_s": stage_s,
+        "compile_s": compile_s,
+        "device": str(jax.devices()[0].device_kind),
+    }

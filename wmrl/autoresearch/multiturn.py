@@ -1,0 +1,539 @@
+"""Multi-turn episodes (DESIGN.md section 4): the agent revises its script from feedback.
+
+`MultiTurnTrainer` is the `Trainer` of `env.turns` = K > 1 (K = 1 runs the single-turn
+`Trainer` itself, unchanged). One RL step rolls out the step's N = B*G episodes turn by turn:
+
+1. **Generate** turn t's script for every episode: turn 1 from the task card (G samples per
+   task, as single-turn), turn t > 1 from the card plus that episode's history
+   (`wmrl.autoresearch.history`), one sample per episode.
+2. **Route** (once, after turn 1: uncertainty routing reads the WM's variance on turn 1)
+   whole groups of episodes to real execution, as single-turn.
+3. **Observe**: anchor episodes execute turn t for real on their episode task (a validation
+   split carved from train.csv, `episode.make_episode_task`): the real observation
+   (`observation.observation_of`) and the turn's ladder reward on the hidden test labels;
+   every other episode's observation is written by the world model
+   (`wm_observation.predict_observation`, the static check overriding what it knows), rendered
+   by the same template. The WM scores every turn (its per-turn reward) while the anchors
+   execute.
+4. After K turns: the trajectory's real reward is the max over turns of the ladder reward;
+   its WM reward the max over turns of the per-turn WM rewards. The monotone map `f` of
+   Online Debiasing is strictly increasing, so `max_t f(r_t) = f(max_t r_t)`: the max of the
+   calibrated per-turn rewards is the calibrated max, and the estimator fits on exactly the
+   (trajectory WM reward, trajectory real reward) pairs of the anchor episodes, through the
+   single-turn `correct_rewards` unchanged. A turn the static check fixes does not enter
+   the WM max; an episode whose every turn it fixes takes the best fixed reward.
+5. **Update**: every turn is one training row `[prompt of turn t | script of turn t]`, the
+   episode's advantage on each of its K rows; the prompt (the card, the earlier scripts and
+   every observation) carries no loss, only the agent's own tokens of each turn. The WM is
+   fine-tuned on every real turn of the anchor episodes (their real observations' targets).
+
+Anchors are synchronous for K > 1 (`rl.anchor_lag` is ignored): an anchor episode's turn t+1
+is sampled from its turn t's real observation, so nothing of it can run a step behind.
+Every real turn is journalled with its observation (`anchors.jsonl`, rows `t*N + i`), so a
+step redone after preemption rebuilds the same prompts from the journal without executing
+again; held-out episodes likewise (`heldout.jsonl`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wmrl import distributed
+from wmrl.autoresearch import data as rldata
+from wmrl.autoresearch import evaluation, history, pretrained
+from wmrl.autoresearch.env.grader import Status
+from wmrl.autoresearch.env.grader import reward as status_reward
+from wmrl.autoresearch.env.observation import (
+    ERROR_TYPES,
+    Observation,
+    make_observation,
+    observation_of,
+    render_observation,
+)
+from wmrl.autoresearch.state import RunState
+from wmrl.autoresearch.step import (
+    Corrected,
+    Exchanged,
+    PhaseClock,
+    Routed,
+    Sampled,
+    Updated,
+    anchor_pairs,
+    static_outcomes,
+    step_metrics,
+)
+from wmrl.autoresearch.trainer import STEP_TIMES, Trainer
+from wmrl.models.sampler import generate
+
+UNGRADED = int(Status.UNGRADED)
+# What the warm-up's compile pass of `real` (no WM, nothing executed) puts in its prompts.
+NO_OBSERVATION = make_observation(Status.UNGRADED, "none", 0.0, None)
+
+
+class Episodes(NamedTuple):
+    """The K turns of the step's N episodes (turn-major; G episodes per task)."""
+
+    rows: list[dict]  # [K] rows of each turn, as Sampled.rows ([N, L])
+    scripts: list[list[str]]  # [K][N]
+    observations: list[list[Observation]]  # [K][N] what each turn's script got
+    status: np.ndarray  # [K, N] int32 real status (UNGRADED where not executed)
+    reward: np.ndarray  # [K, N] float32 real ladder reward (0 where not executed)
+    r_wm: np.ndarray  # [K, N] float32 raw per-turn WM rewards (0 without a WM)
+    obs_arrays: dict  # [K, N] real turns: runtime (raw s, NaN), error_type index (-1), validation
+    new_executions: int  # real turns not taken from a journal
+
+
+def best_of_turns(reward: np.ndarray, status: np.ndarray):
+    """Per episode `[N]`: the best turn's reward and status and the turn (first best); an
+    episode with an UNGRADED turn (infrastructure failure) is UNGRADED. reward, status
+    `[K, N]`."""
+    best = np.argmax(reward, axis=0)
+    cols = np.arange(reward.shape[1])
+    ungraded = (status == UNGRADED).any(axis=0)
+    r = np.where(ungraded, 0.0, reward[best, cols]).astype(reward.dtype)
+    s = np.where(ungraded, UNGRADED, status[best, cols]).astype(np.int32)
+    return r, s, best
+
+
+def reward_by_turn(reward: np.ndarray, graded: np.ndarray) -> list[float | None]:
+    """`[K]`: the mean over graded episodes of the best reward of their first t turns."""
+    if not graded.any():
+        return [None] * len(reward)
+    best = np.maximum.accumulate(reward[:, graded], axis=0)
+    return [float(v) for v in best.mean(axis=1)]
+
+
+def improved_fraction(reward: np.ndarray, graded: np.ndarray) -> float | None:
+    """The fraction of graded episodes whose later turns beat turn 1 (K > 1)."""
+    if not graded.any() or len(reward) < 2:
+        return None
+    r = reward[:, graded]
+    return float(np.mean(r[1:].max(axis=0) > r[0]))
+
+
+def observations_from_arrays(a: dict[str, np.ndarray]) -> list[Observation]:
+    """The observations of real turns from their merged arrays (`_collect_turns`), rounded
+    and checked by the one constructor (an unknown runtime reads 0 s)."""
+    return [
+        make_observation(
+            int(s), ERROR_TYPES[int(e)] if e >= 0 else "none",
+            float(r) if math.isfinite(r) else 0.0, None if math.isnan(v) else float(v),
+        )
+        for s, e, r, v in zip(a["status"], a["error_type"], a["runtime"], a["validation"],
+                              strict=True)
+    ]  # fmt: skip
+
+
+@dataclasses.dataclass
+class _Execution:
+    """Real turns handed to the pool: this process's positions k -> future or journal record."""
+
+    step: int
+    rows: np.ndarray  # [n] journal row keys
+    tasks: list
+    scripts: list[str]
+    items: dict
+
+
+class MultiTurnTrainer(Trainer):
+    """The RL step and the held-out evaluation over K-turn episodes (module docstring)."""
+
+    def __init__(self, config, prepared, policy, wm, pool, workdir: Path):
+        super().__init__(config, prepared, policy, wm, pool, workdir)
+        self.K = self.tc.turns
+        self.sc_one = dataclasses.replace(self.sc, num_samples=1)
+        tasks = self.train + prepared.heldout_tasks
+        # The episode task of every suite task (built once in the data stage's folder): a
+        # validation split carved from train.csv (fixed per task, seeded by its id), test.csv
+        # holding the test rows (the reward) and the validation rows. The agent's card is the
+        # episode task's (its row counts).
+        # K = 1 (the single-turn trainer's equivalence test) keeps the single-turn tasks.
+        self.episode_tasks = prepared.episode_tasks if self.K > 1 else {t.id: t for t in tasks}
+        ep_text = {t.id: rldata.prompt_text(self.episode_tasks[t.id]) for t in tasks}
+        self.prompts = {i: pretrained.prompt(config, text) for i, text in ep_text.items()}
+        self.cards = {i: history.card_of(text) for i, text in ep_text.items()}
+        self.metric_names = {t.id: t.metric_name for t in tasks}
+
+    # -- prompts and generation ----------------------------------------------------------
+
+    def _fits(self, text: str) -> bool:
+        return len(self.tok.encode(pretrained.prompt(self.config, text), add_bos=True)) <= self.P
+
+    def turn_prompt(self, task, past: list[tuple[str, Observation]]) -> str:
+        """The prompt of turn `len(past) + 1` of an episode of `task`
+        (`wmrl.autoresearch.history`)."""
+        rendered = [(s, render_observation(o, self.metric_names[task.id])) for s, o in past]
+        text = history.turn_prompt(self.cards[task.id], rendered, self._fits)
+        return pretrained.prompt(self.config, text)
+
+    def _generate_texts(self, params, prompts: list[str], key):
+        """One script per prompt; rows in the shared layout (as `Trainer._generate`)."""
+        ids, mask = rldata.encode_prompts(self.tok, prompts, self.P)
+        out = generate(
+            self.policy.graphdef, params, jnp.asarray(ids), jnp.asarray(mask), key, self.sc_one,
+            self.max_len,
+        )  # fmt: skip
+        comp, cmask, logp = distributed.process_allgather_to_numpy(
+            (out.tokens, out.mask, out.logprobs)
+        )
+        n = len(comp)
+        rows = {
+            "tokens": np.concatenate([ids, comp], axis=1),
+            "input_mask": np.concatenate([mask, cmask], axis=1),
+            "loss_mask": np.concatenate(
+                [np.zeros((n, self.P), np.float32), cmask.astype(np.float32)], axis=1
+            ),
+            "old_logp": np.concatenate([np.zeros((n, self.P), np.float32), logp * cmask], axis=1),
+        }
+        return rows, self._decode(comp, cmask)
+
+    def _turn(self, params, t: int, tasks, row_tasks, past, sc, key):
+        """Turn t (0-based) of every episode: rows and scripts. Turn 1 is sampled exactly as
+        single-turn (G samples per task from the card, with the step's own key)."""
+        if t == 0:
+            return self._generate(params, tasks, sc, key)
+        prompts = [self.turn_prompt(task, p) for task, p in zip(row_tasks, past, strict=True)]
+        return self._generate_texts(params, prompts, jax.random.fold_in(key, t))
+
+    # -- real execution ------------------------------------------------------------------
+
+    def _submit_turns(self, journal, step: int, rows, tasks, scripts, kind: str) -> _Execution:
+        """This process's round-robin share of real turns to the pool (journal hits reused);
+        `rows` are the journal keys, `kind` names the execution seeds (anchor / eval)."""
+        owner = distributed.round_robin_owners(len(rows))
+        me, items = jax.process_index(), {}
+        for k, row in enumerate(rows):
+            if owner[k] != me:
+                continue
+            hit = journal.lookup(step, int(row), scripts[k])
+            items[k] = hit if hit is not None else self.pool.submit(
+                self.episode_tasks[tasks[k].id], scripts[k], key=f"{kind}/{step}/{int(row)}"
+            )  # fmt: skip
+        return _Execution(step, np.asarray(rows), list(tasks), list(scripts), items)
+
+    def _collect_turns(self, journal, ex: _Execution) -> tuple[dict, int]:
+        """Wait for this process's turns (journalling each with its observation fields),
+        merge every process's: (arrays [n] `status`, `reward` (NaN ungraded), `runtime` (the
+        raw seconds, NaN unknown), `error_type` (index into ERROR_TYPES, -1 unknown),
+        `validation` (NaN none); executions not taken from a journal, over all processes)."""
+        n = len(ex.rows)
+        out = {
+            "status": np.full(n, UNGRADED, np.int32),
+            "reward": np.full(n, np.nan),
+            "runtime": np.full(n, np.nan),
+            "error_type": np.full(n, -1, np.int32),
+            "validation": np.full(n, np.nan),
+        }
+        new = 0
+        for k, item in ex.items.items():
+            if not isinstance(item, dict):
+                res = item.result()
+                reward = None if math.isnan(res.reward) else res.reward
+                obs = observation_of(res)
+                item = journal.record(
+                    ex.step, int(ex.rows[k]), ex.scripts[k], ex.tasks[k].id, res.status, reward,
+                    runtime_s=res.runtime_s, error_type=obs.error_type, validation=obs.validation,
+                )  # fmt: skip
+                new += 1
+            out["status"][k] = item["status"]
+            out["reward"][k] = np.nan if item["reward"] is None else item["reward"]
+            out["runtime"][k] = item.get("runtime_s", np.nan)
+            if item.get("error_type") in ERROR_TYPES:
+                out["error_type"][k] = ERROR_TYPES.index(item["error_type"])
+            out["validation"][k] = item.get("validation", np.nan)
+        journal.flush()
+        owner = distributed.round_robin_owners(n)
+        merged = distributed.merge_from_owners(out, owner)
+        return merged, int(distributed.allgather_host(np.int64(new)).sum())
+
+    # -- the WM's observations -----------------------------------------------------------
+
+    def _wm_turn(self, st, rows: dict, scripts: list[str], row_tasks, observe: bool):
+        """The WM's per-turn rewards [N] and (with `observe`) observations [N] of every row:
+        every field from a head (`wmrl.autoresearch.wm_observation.predict_observation`), the static
+        check fixing what it knows."""
+        tasks = [self.episode_tasks[t.id] for t in row_tasks]
+        limits = np.array([rldata.time_limit(t, self.tc.time_limit_cap_s) for t in tasks])
+        out = self.wm_score(
+            st.wm.params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"]), limits,
+            outputs=observe,
+        )  # fmt: skip
+        out = distributed.process_allgather_to_numpy(dict(out))
+        score = np.asarray(out["score"], np.float32)
+        if not observe:
+            return score, [None] * len(scripts)
+        from wmrl.autoresearch.wm_observation import predict_observation
+
+        static = self.tc.static_check if self.static_check else "off"
+        return score, list(predict_observation(out, tasks, scripts, limits, static=static))
+
+    # -- the rollout ---------------------------------------------------------------------
+
+    def rollout(self, st: RunState, tasks, key, k_route, clock, execute: bool = True):
+        """K turns of the step's episodes; returns (Episodes, Routed). With `execute` False
+        (the warm-up's compile pass) no script runs: every observation is the WM's."""
+        K, G = self.K, self.G
+        N = len(tasks) * G
+        row_tasks = [t for t in tasks for _ in range(G)]
+        past = [[] for _ in range(N)]
+        rows_k, scripts_k, obs_k = [], [], []
+        status = np.full((K, N), UNGRADED, np.int32)
+        reward = np.zeros((K, N), np.float32)
+        r_wm = np.zeros((K, N), np.float32)
+        real = {"runtime": np.full((K, N), np.nan, np.float32),
+                "error_type": np.full((K, N), -1, np.int32),
+                "validation": np.full((K, N), np.nan, np.float32)}  # fmt: skip
+        routed, new = None, 0
+        for t in range(K):
+            with clock("generate_s"):
+                params = st.policy.params
+                rows, scripts = self._turn(params, t, tasks, row_tasks, past, self.sc, key)
+            if routed is None:
+                routed = self._route(st, Sampled(st.step, row_tasks, rows, scripts), k_route, clock)
+            idx = routed.anchor_idx if execute else np.zeros(0, np.int64)
+            with clock("execute_s"):  # submission to collection, as single-turn
+                ex = self._submit_turns(
+                    self.journal, st.step, t * N + idx, [row_tasks[i] for i in idx],
+                    [scripts[i] for i in idx], "anchor",
+                )  # fmt: skip
+                obs = [None] * N
+                if self.spec.uses_wm:  # while the anchors execute
+                    with clock("wm_score_s"):
+                        # The last turn's observation is read by no one: its reward only.
+                        r_wm[t], obs = self._wm_turn(st, rows, scripts, row_tasks, t < K - 1)
+                with clock("anchor_wait_s"):
+                    got, n_new = self._collect_turns(self.journal, ex)
+            new += n_new
+            status[t, idx] = got["status"]
+            reward[t, idx] = np.nan_to_num(got["reward"]).astype(np.float32)
+            for name in real:
+                real[name][t, idx] = got[name]
+            for j, o in zip(idx, observations_from_arrays(got), strict=True):
+                obs[j] = o
+            if not execute and not self.spec.uses_wm:  # compile pass of `real`: no feedback
+                obs = [NO_OBSERVATION] * N
+            for i in range(N):
+                past[i].append((scripts[i], obs[i]))
+            rows_k.append(rows)
+            scripts_k.append(scripts)
+            obs_k.append(obs)
+        return Episodes(rows_k, scripts_k, obs_k, status, reward, r_wm, real, new), routed
+
+    # -- one RL step ---------------------------------------------------------------------
+
+    def run_step(self, st: RunState) -> tuple[RunState, dict, list[dict]]:
+        """One RL step over K-turn episodes (module docstring); returns the new state, the
+        step's metrics and its anchor pairs (trajectory level, with every turn's)."""
+        clock = PhaseClock(STEP_TIMES)
+        key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
+        k_gen, k_route = jax.random.split(key)
+        tasks = self._tasks_for_step(st.step)
+        ep, routed = self.rollout(st, tasks, k_gen, k_route, clock)
+        with clock("train_s"):
+            sampled, exchanged = self._episode_batch(st, tasks, ep, routed)
+            corrected = self._correct_episodes(st, routed, ep, exchanged)
+            updated = self._update_episodes(st, routed, ep, exchanged, corrected)
+        metrics = step_metrics(
+            sampled, routed, exchanged, corrected, updated, self.spec.uses_wm, clock.seconds,
+            rho=self.routing.rho,
+        )  # fmt: skip
+        metrics.update(self._turn_metrics(routed, ep, exchanged))
+        wall = float(distributed.allgather_host(np.float64(clock.elapsed())).max())
+        n_rows, n_real = len(sampled.scripts), len(routed.anchor_idx) * self.K
+        new_state = dataclasses.replace(
+            st, step=st.step + 1, policy=updated.policy, wm=updated.wm,
+            correction=corrected.correction, replay=updated.replay,
+            wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_real,
+            wm_calls=st.wm_calls + (n_rows * self.K if self.spec.uses_wm else 0),
+        )  # fmt: skip
+        metrics["real_executions_step"] = n_real
+        metrics["wall_time_s"] = new_state.wall_time_s
+        metrics["real_executions"] = new_state.real_executions
+        return new_state, metrics, self._pairs(ep, exchanged, corrected)
+
+    def _episode_batch(self, st, tasks, ep: Episodes, routed: Routed):
+        """The step's training rows (K turns x N episodes, turn-major) with the reference
+        log-probs, and the trajectory-level exchange record."""
+        N = len(ep.scripts[0])
+        rows = {k: np.concatenate([r[k] for r in ep.rows], axis=0) for k in ep.rows[0]}
+        ref_logp = self.logprobs(
+            st.ref_params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"])
+        )
+        ref_logp = distributed.process_allgather_to_numpy(ref_logp)
+        r_env, status, _ = best_of_turns(ep.reward, ep.status)
+        anchor = routed.anchor_rows
+        r_env = np.where(anchor, r_env, 0.0).astype(np.float32)
+        status = np.where(anchor, status, UNGRADED).astype(np.int32)
+        row_tasks = [t for t in tasks for _ in range(self.G)]
+        sampled = Sampled(st.step, row_tasks, rows, ep.scripts[-1])
+        x = Exchanged(
+            rows=rows, ref_logp=ref_logp, r_wm=ep.r_wm.max(axis=0), r_env=r_env, status=status,
+            origin=[(st.step, i) for i in range(N)], trained_tasks=row_tasks,
+            collected=len(routed.anchor_idx), new_executions=ep.new_executions,
+            pending=self.no_pending,
+        )  # fmt: skip
+        return sampled, x
+
+    def _static(self, ep: Episodes, routed: Routed) -> np.ndarray:
+        """[K, N] per-turn static verdicts (`step.static_outcomes`), -1 where only execution
+        tells (all -1 with the static check off)."""
+        K, N = ep.status.shape
+        if not self.static_check:
+            return np.full((K, N), -1, np.int32)
+        return np.stack([
+            static_outcomes(ep.scripts[t], routed.anchor_idx, ep.status[t], self.static_names)
+            for t in range(K)
+        ])  # fmt: skip
+
+    def _correct_episodes(self, st, routed: Routed, ep: Episodes, x: Exchanged) -> Corrected:
+        """The single-turn correction on trajectories: raw WM reward = max over the turns the
+        static check does not fix; an episode whose every turn it fixes is fixed, at its best
+        fixed reward."""
+        static_t = self._static(ep, routed)
+        fixed = static_t >= 0
+        fixed_reward = np.vectorize(_ladder, otypes=[float])(static_t)
+        all_fixed = fixed.all(axis=0)
+        best_fixed = np.argmax(fixed_reward, axis=0)
+        cols = np.arange(static_t.shape[1])
+        static = np.where(all_fixed, static_t[best_fixed, cols], -1).astype(np.int32)
+        r_wm = np.where(fixed, -np.inf, ep.r_wm).max(axis=0)
+        r_wm = np.where(all_fixed, ep.r_wm.max(axis=0), r_wm).astype(np.float32)
+        x_r_wm = r_wm
+        env_valid = routed.anchor_rows & (x.status != UNGRADED)
+        static_reward = np.array([_ladder(v) if v >= 0 else 0.0 for v in static], np.float32)
+        correction, out, stats = self._correct(
+            st.correction, jnp.asarray(x_r_wm), jnp.asarray(x.r_env), jnp.asarray(env_valid),
+            jnp.asarray(routed.anchor_rows), jnp.asarray(routed.is_anchor),
+            jnp.asarray(np.nonzero(routed.is_anchor)[0]), jnp.asarray(static >= 0),
+            jnp.asarray(static_reward),
+        )  # fmt: skip
+        return Corrected(correction, out, stats, static, env_valid)
+
+    def _update_episodes(self, st, routed: Routed, ep: Episodes, x: Exchanged, c: Corrected):
+        """The policy step on every turn's row (the episode's advantage on each) and the WM's
+        online step on every real turn of the anchor episodes."""
+        rows = x.rows
+        adv = np.tile(np.asarray(c.out["advantages"], np.float32), self.K)
+        policy, pmetrics = self._policy_update(st, x, adv)
+        wm, replay = st.wm, st.replay
+        if self.spec.uses_wm:
+            N = len(ep.scripts[0])
+            real = (np.arange(self.K)[:, None] * N + routed.anchor_idx[None, :]).reshape(-1)
+            flat = lambda a: a.reshape(-1)[real]
+            # The observation targets of the real turns (the runtime where the script ran).
+            runtime = rldata.executed_runtime(flat(ep.status), flat(ep.obs_arrays["runtime"]))
+            replay = replay.add(
+                {k: rows[k][real] for k in ("tokens", "input_mask")}, flat(ep.reward),
+                flat(ep.status), runtime=runtime, error_type=flat(ep.obs_arrays["error_type"]),
+                validation=flat(ep.obs_arrays["validation"]),
+            )  # fmt: skip
+            wm = self._wm_online(wm, replay, st.step)
+        jax.block_until_ready((policy, wm))
+        return Updated(policy, wm, replay, pmetrics)
+
+    def _turn_metrics(self, routed: Routed, ep: Episodes, x: Exchanged) -> dict:
+        idx = routed.anchor_idx
+        graded = x.status[idx] != UNGRADED
+        tokens = ep.rows[0]["loss_mask"].shape[0] * self.K
+        return {
+            "turns": self.K,
+            "mean_script_tokens": float(x.rows["loss_mask"].sum() / tokens),
+            "anchor_reward_by_turn": reward_by_turn(ep.reward[:, idx], graded),
+            "anchor_improved_fraction": improved_fraction(ep.reward[:, idx], graded),
+            "wm_reward_by_turn": [float(v) for v in ep.r_wm.mean(axis=1)]
+            if self.spec.uses_wm else None,
+        }  # fmt: skip
+
+    def _pairs(self, ep: Episodes, x: Exchanged, c: Corrected) -> list[dict]:
+        """pairs.jsonl: the trajectory pairs (single-turn fields) plus every turn's."""
+        pairs = anchor_pairs(x, c)
+        _, _, best = best_of_turns(ep.reward, ep.status)
+        for p in pairs:
+            i = p["row"]
+            p.update(
+                turn_status=[int(v) for v in ep.status[:, i]],
+                turn_r_env=[float(v) for v in ep.reward[:, i]],
+                turn_r_wm=[float(v) for v in ep.r_wm[:, i]],
+                best_turn=int(best[i]) + 1,
+            )
+        return pairs
+
+    # -- warm-up (compile) ---------------------------------------------------------------
+
+    def warmup(self, st: RunState) -> float:
+        """Compile every jitted function of a multi-turn step (both generation shapes, the
+        K*N-row log-probs and policy step, the WM's online step) before the RL clock; no
+        script is executed and the run's state, journal and pool are untouched."""
+        t0 = time.monotonic()
+        clock, key = PhaseClock(), jax.random.key(0)
+        tasks = self._tasks_for_step(st.step)
+        ep, routed = self.rollout(st, tasks, key, key, clock, execute=False)
+        _, x = self._episode_batch(st, tasks, ep, routed)
+        corrected = self._correct_episodes(st, routed, ep, x)
+        copy = lambda tree: jax.tree.map(jnp.copy, tree)
+        warm = dataclasses.replace(st, policy=copy(st.policy), wm=copy(st.wm))
+        updated = self._update_episodes(warm, routed, ep, x, corrected)
+        if self.spec.uses_wm and self.tc.wm_online_steps:  # the WM's step with one real row
+            replay = warm.replay.add(
+                {k: v[:1] for k, v in x.rows.items() if k in ("tokens", "input_mask")},
+                np.zeros(1, np.float32), np.full(1, int(Status.VALID), np.int32),
+            )  # fmt: skip
+            self._wm_online(updated.wm, replay, st.step)  # (warm.wm may be donated by now)
+        # The evaluation's generation shapes (T*k rows) compile on first use, outside the clock.
+        return time.monotonic() - t0
+
+    # -- evaluation ----------------------------------------------------------------------
+
+    def evaluate(self, st: RunState) -> dict:
+        """k episodes per held-out task, every turn executed for real: the held-out reward is
+        the best-of-K mean, `heldout_reward_by_turn` the best of the first t turns, and
+        `heldout_improved_fraction` the fraction of episodes whose later turns beat turn 1."""
+        t0 = time.monotonic()
+        tasks, k, K = self.prepared.heldout_tasks, self.tc.eval_samples, self.K
+        key = jax.random.fold_in(jax.random.key(self.tc.seed + 1), st.step)
+        n = len(tasks) * k
+        row_tasks = [t for t in tasks for _ in range(k)]
+        past = [[] for _ in range(n)]
+        status, reward = np.full((K, n), UNGRADED, np.int32), np.zeros((K, n))
+        tokens = 0.0
+        for t in range(K):
+            rows, scripts = self._turn(
+                st.policy.params, t, tasks, row_tasks, past, self.eval_sc, key
+            )
+            tokens += float(rows["loss_mask"].sum())
+            ex = self._submit_turns(
+                self.eval_journal, st.step, t * n + np.arange(n), row_tasks, scripts, "eval"
+            )
+            got, _ = self._collect_turns(self.eval_journal, ex)
+            status[t], reward[t] = got["status"], np.nan_to_num(got["reward"])
+            for i, o in enumerate(observations_from_arrays(got)):
+                past[i].append((scripts[i], o))
+        best_r, best_s, _ = best_of_turns(reward, status)
+        graded = best_s != UNGRADED
+        best_r = np.where(graded, best_r.astype(np.float64), np.nan)
+        return {
+            "step": st.step,
+            "wall_time_s": st.wall_time_s,
+            "real_executions": st.real_executions,
+            **evaluation.heldout_summary(tasks, k, best_s, best_r),
+            "heldout_reward_by_turn": reward_by_turn(reward, graded),
+            "heldout_improved_fraction": improved_fraction(reward, graded),
+            "heldout_turn1_status_rates": evaluation.heldout_summary(
+                tasks, k, status[0], np.where(status[0] != UNGRADED, reward[0], np.nan)
+            )["heldout_status_rates"],
+            "eval_s": time.monotonic() - t0,
+            "mean_script_tokens": tokens / (n * K),
+        }
+
+
+def _ladder(status: int) -> float:
+    """The reward of a status fixed without execution (MALFORMED, RUNTIME_ERROR)."""
+    return float(status_reward(Status(int(status)))) if status >= 0 else -1.0
