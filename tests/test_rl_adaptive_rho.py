@@ -16,7 +16,7 @@ from tests.rl_fixtures import tiny_config
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.state import Pending
 from wmrl.core import routing
-from wmrl.core.correct import MODE_SPECS, correct_rewards
+from wmrl.core.correct import MODE_SPECS, StepInputs, correct_rewards
 from wmrl.core.debias import DebiasConfig
 from wmrl.core.denoise import DenoiseConfig
 from wmrl.core.state import init_correction_state
@@ -51,20 +51,26 @@ def test_padded_anchor_groups_correct_exactly_as_the_unpadded_ones():
         env_valid[4] = step != 2  # one ungraded anchor row
         static = np.zeros(B * G, bool)
         static[10] = True  # a statically fixed anchor row: out of the map and the diagnostic
-        args = (r_wm, r_env, env_valid, rows, groups)
-        tail = (static, np.where(static, 0.1, 0.0).astype(np.float32))
-        st_a, out_a, stats_a = plain(st_a, *args, anchors, *tail)
-        st_b, out_b, stats_b = padded(st_b, *args, np.array([1, 3, B, B]), *tail)
+        same = StepInputs(
+            r_wm=r_wm, r_env=r_env, env_valid=env_valid, anchor_groups=groups, anchor_index=anchors,
+            static_mask=static, static_reward=np.where(static, 0.1, 0.0).astype(np.float32),
+        )  # fmt: skip
+        a = plain(st_a, same)
+        b = padded(st_b, same._replace(anchor_index=np.array([1, 3, B, B])))
+        st_a, st_b = a.correction, b.correction
         for x, y in zip(jax.tree.leaves(st_a), jax.tree.leaves(st_b), strict=True):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
-        for k in out_a:
-            np.testing.assert_allclose(out_a[k], out_b[k], rtol=1e-6, atol=1e-7)
+        for k in ("rewards", "valid", "advantages", "calibrated"):
+            np.testing.assert_allclose(getattr(a, k), getattr(b, k), rtol=1e-6, atol=1e-7)
+        stats_a, stats_b = a.stats.as_dict(), b.stats.as_dict()
+        assert stats_a.keys() == stats_b.keys()
         for k in stats_a:
             if k == "wm_rank_corr" and step == 2:  # plain: the ungraded row enters as a 0
                 continue
             np.testing.assert_allclose(stats_a[k], stats_b[k], rtol=1e-5, atol=1e-6)
         # The rule's per-group agreement: the two anchor groups, then NaN for the padding.
-        agree = np.asarray(out_b["anchor_agreement"])
+        assert a.anchor_agreement is None
+        agree = np.asarray(b.anchor_agreement)
         assert agree.shape == (4,) and np.isnan(agree[2:]).all()
     assert bool(st_a.debias.monotone.fitted)  # the map was refitted on these steps
 
@@ -149,7 +155,9 @@ def _synthetic_steps(trainer, st, quality: str, steps: int, seed: int):
             pending=None,
         )  # fmt: skip
         c = trainer._correct_phase(st, r, sampled._replace(step=t), x)
-        st = st.replace(correction=c.correction, adaptive_rho=trainer._next_rule_state(st, c))
+        st = st.replace(
+            correction=c.result.correction, adaptive_rho=trainer._next_rule_state(st, c)
+        )
     return np.asarray(rhos), counts
 
 

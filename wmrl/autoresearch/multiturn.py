@@ -71,6 +71,7 @@ from wmrl.autoresearch.step import (
     step_metrics,
 )
 from wmrl.autoresearch.trainer import STEP_TIMES, Trainer
+from wmrl.core.correct import StepInputs
 from wmrl.models.sampler import generate
 
 UNGRADED = int(Status.UNGRADED)
@@ -350,7 +351,7 @@ class MultiTurnTrainer(Trainer):
         n_rows, n_real = len(sampled.scripts), len(routed.anchor_idx) * self.K
         new_state = dataclasses.replace(
             st, step=st.step + 1, policy=updated.policy, wm=updated.wm,
-            correction=corrected.correction, replay=updated.replay,
+            correction=corrected.result.correction, replay=updated.replay,
             wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_real,
             wm_calls=st.wm_calls + (n_rows * self.K if self.spec.uses_wm else 0),
         )  # fmt: skip
@@ -409,19 +410,19 @@ class MultiTurnTrainer(Trainer):
         x_r_wm = r_wm
         env_valid = routed.anchor_rows & (x.status != UNGRADED)
         static_reward = np.array([_ladder(v) if v >= 0 else 0.0 for v in static], np.float32)
-        correction, out, stats = self._correct(
-            st.correction, jnp.asarray(x_r_wm), jnp.asarray(x.r_env), jnp.asarray(env_valid),
-            jnp.asarray(routed.anchor_rows), jnp.asarray(routed.is_anchor),
-            jnp.asarray(np.nonzero(routed.is_anchor)[0]), jnp.asarray(static >= 0),
-            jnp.asarray(static_reward),
+        inputs = StepInputs(
+            r_wm=x_r_wm, r_env=x.r_env, env_valid=env_valid, anchor_groups=routed.is_anchor,
+            anchor_index=np.nonzero(routed.is_anchor)[0], static_mask=static >= 0,
+            static_reward=static_reward,
         )  # fmt: skip
-        return Corrected(correction, out, stats, static, env_valid)
+        result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))
+        return Corrected(result, static, env_valid)
 
     def _update_episodes(self, st, routed: Routed, ep: Episodes, x: Exchanged, c: Corrected):
         """The policy step on every turn's row (the episode's advantage on each) and the WM's
         online step on every real turn of the anchor episodes."""
         rows = x.rows
-        adv = np.tile(np.asarray(c.out["advantages"], np.float32), self.K)
+        adv = np.tile(np.asarray(c.result.advantages, np.float32), self.K)
         policy, pmetrics = self._policy_update(st, x, adv)
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:

@@ -21,7 +21,7 @@ import numpy as np
 
 from wmrl.autoresearch.env.grader import Status, static_outcome
 from wmrl.autoresearch.state import Pending, Replay
-from wmrl.core.state import CorrectionState
+from wmrl.core.correct import StepCorrection
 from wmrl.models.train_steps import TrainState
 
 
@@ -80,11 +80,10 @@ class Exchanged(NamedTuple):
 
 
 class Corrected(NamedTuple):
-    """correct: rewards, advantages and the new correction state."""
+    """correct: the shared correction's result (`wmrl.core.correct.StepCorrection`: rewards,
+    advantages, the new correction state, diagnostics) and what the step fed it."""
 
-    correction: CorrectionState
-    out: dict  # rewards, valid, advantages, calibrated [N]
-    stats: dict  # scalar diagnostics
+    result: StepCorrection
     static: np.ndarray  # [N] int status known without execution, -1 elsewhere
     env_valid: np.ndarray  # [N] bool graded anchor positions
 
@@ -211,7 +210,7 @@ def step_metrics(
         "static_malformed": int((c.static[wm_rows] == int(Status.MALFORMED)).sum()),
         "static_runtime_error": int((c.static[wm_rows] == int(Status.RUNTIME_ERROR)).sum()),
         "policy_kl": _mean(u.policy_metrics, "kl"),
-        **{k: _scalar(v) for k, v in c.stats.items()},
+        **{k: _scalar(v) for k, v in c.result.stats.as_dict().items()},
     }
     if uses_wm:
         err = np.abs(x.r_wm - x.r_env)[c.env_valid]
@@ -223,7 +222,7 @@ def step_metrics(
 
 def anchor_pairs(x: Exchanged, c: Corrected) -> list[dict]:
     """pairs.jsonl records: the graded anchor positions' (raw WM, calibrated, real)."""
-    cal, st = np.asarray(c.out["calibrated"]), c.static
+    cal, st = np.asarray(c.result.calibrated), c.static
     return [
         {"step": x.origin[i][0] + 1, "row": x.origin[i][1], "task_id": x.trained_tasks[i].id,
          "status": int(x.status[i]), "r_wm": float(x.r_wm[i]), "r_cal": float(cal[i]),

@@ -68,7 +68,7 @@ from wmrl.autoresearch.step import (
     step_metrics,
 )  # fmt: skip
 from wmrl.core import fidelity
-from wmrl.core.correct import correct_rewards
+from wmrl.core.correct import StepInputs, correct_rewards
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import init_correction_state
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
@@ -248,7 +248,8 @@ class Trainer:
         n_anchor, n_rows = len(routed.submit_idx), len(sampled.scripts)
         new_state = dataclasses.replace(
             st, step=st.step + 1, policy=updated.policy, wm=updated.wm,
-            correction=corrected.correction, replay=updated.replay, pending=exchanged.pending,
+            correction=corrected.result.correction, replay=updated.replay,
+            pending=exchanged.pending,
             wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_anchor,
             wm_calls=st.wm_calls + (n_rows if self.spec.uses_wm else 0),
             adaptive_rho=self._next_rule_state(st, corrected),
@@ -313,7 +314,7 @@ class Trainer:
         collapsed group counts as no agreement; groups that say nothing are skipped)."""
         if self.rule is None:
             return st.adaptive_rho
-        return self._rho_update(st.adaptive_rho, c.out["anchor_agreement"])
+        return self._rho_update(st.adaptive_rho, c.result.anchor_agreement)
 
     def _submit(self, s: Sampled, r: Routed) -> Submission:
         """The anchor scripts go to the sandbox pool (journal hits reused)."""
@@ -389,12 +390,12 @@ class Trainer:
         groups = np.nonzero(r.is_anchor)[0]
         if self.rule is not None:  # a static count: padded with B (ignored) to the most
             groups = np.concatenate([groups, np.full(self.max_anchor_groups - len(groups), self.B)])
-        correction, out, stats = self._correct(
-            st.correction, jnp.asarray(x.r_wm), jnp.asarray(x.r_env), jnp.asarray(env_valid),
-            jnp.asarray(r.anchor_rows), jnp.asarray(r.is_anchor), jnp.asarray(groups),
-            jnp.asarray(static >= 0), jnp.asarray(static_reward),
+        inputs = StepInputs(
+            r_wm=x.r_wm, r_env=x.r_env, env_valid=env_valid, anchor_groups=r.is_anchor,
+            anchor_index=groups, static_mask=static >= 0, static_reward=static_reward,
         )  # fmt: skip
-        return Corrected(correction, out, stats, static, env_valid)
+        result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))
+        return Corrected(result, static, env_valid)
 
     def _policy_update(self, st: RunState, x: Exchanged, advantages: np.ndarray):
         """The policy's step on the exchanged rows with these per-row advantages (compiled on
@@ -410,7 +411,7 @@ class Trainer:
         """update: the policy step on the batch; the WM's online step on the replay of real
         outcomes (it learns only from those)."""
         rows, idx = x.rows, r.anchor_idx
-        policy, pmetrics = self._policy_update(st, x, np.asarray(c.out["advantages"]))
+        policy, pmetrics = self._policy_update(st, x, np.asarray(c.result.advantages))
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:
             anchor = {k: rows[k][idx] for k in ("tokens", "input_mask")}

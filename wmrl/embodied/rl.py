@@ -382,17 +382,19 @@ class Trainer:
         anchor_rows = np.arange(n) < A * G
         r_env = np.zeros(n, np.float32)
         r_env[: A * G] = real.success
-        corr, out, stats = self.correct(
+        res = self.correct(
             state["corr"],
-            jnp.asarray(np.concatenate(r_wm)),
-            jnp.asarray(r_env),
-            jnp.asarray(anchor_rows),
-            jnp.asarray(anchor_rows),
-            jnp.asarray(np.arange(A + nw) < A),
-            jnp.arange(A),
+            correct.StepInputs(
+                r_wm=jnp.asarray(np.concatenate(r_wm)),
+                r_env=jnp.asarray(r_env),
+                env_valid=jnp.asarray(anchor_rows),
+                anchor_groups=jnp.asarray(np.arange(A + nw) < A),
+                anchor_index=jnp.arange(A),
+            ),
         )
+        corr, stats = res.correction, res.stats
         if st.uses_wm:
-            cal = np.asarray(out["calibrated"])
+            cal = np.asarray(res.calibrated)
             ra, rc = np.asarray(r_wm[0]).reshape(A, G), cal[: A * G].reshape(A, G)
             auc, n_auc = within_group_auc(ra, real.success.reshape(A, G))
             metrics.update(
@@ -400,11 +402,11 @@ class Trainer:
                 anchor_auc_groups=n_auc,
                 anchor_wm_score=float(ra.mean()),
                 anchor_wm_calibrated=float(rc.mean()),
-                bias_before=float(stats["residual_before"]),
-                bias_reduction=float(stats["bias_reduction"]),
-                calibrated=bool(stats["calibrated"]),
-                wm_stream_corr=float(stats["wm_stream_corr"]),
-                wm_stream_collapsed_groups=int(stats["wm_stream_collapsed_groups"]),
+                bias_before=float(stats.residual_before),
+                bias_reduction=float(stats.bias_reduction),
+                calibrated=bool(stats.calibrated),
+                wm_stream_corr=float(stats.wm_stream_corr),
+                wm_stream_collapsed_groups=int(stats.wm_stream_collapsed_groups),
             )
             if nw:
                 metrics["imagined_success_calibrated"] = float(np.mean(cal[A * G :]))
@@ -414,7 +416,7 @@ class Trainer:
             "obs": jnp.asarray(np.concatenate(parts_obs)),
             "actions": jnp.asarray(np.concatenate(parts_act)),
             "logp": jnp.asarray(np.concatenate(parts_logp)),
-            "adv": out["advantages"],
+            "adv": res.advantages,
             "mask": jnp.asarray(np.concatenate(parts_mask)),
         }
         new_params, opt, pm = self.policy_update(
@@ -431,10 +433,10 @@ class Trainer:
         new["wm_episodes"] = np.asarray(int(state["wm_episodes"]) + nw * G, np.int64)
         metrics.update({k: float(v) for k, v in pm.items()})
         metrics.update(
-            anchor_weight=float(stats["anchor_weight"]),
+            anchor_weight=float(stats.anchor_weight),
             anchor_groups=A,
             wm_groups=nw,
-            train_reward=float(stats["train_reward"]),
+            train_reward=float(stats.train_reward),
         )
         if st.uses_wm:
             t3 = time.monotonic()
