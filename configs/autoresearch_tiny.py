@@ -110,9 +110,9 @@ def get_config() -> ml_collections.ConfigDict:
     # (1 - P(timeout)) * reward head + P(timeout) * TIMEOUT's reward, P(timeout) under the
     # script's time limit (the task's, capped by suite.time_limit_s). docs/results.md.
     c.wm.runtime_coef = 0.5
-    # Multi-turn feedback heads (wmrl/autoresearch/wm_observation.py; 0 = no head): the exception class
-    # of a RUNTIME_ERROR (observation.ERROR_TYPES) and the raw validation metric (episode
-    # executions only). The single-turn job reads no feedback: off.
+    # Multi-turn feedback heads (wmrl/autoresearch/wm_observation.py; 0 = no head): the
+    # exception class of a RUNTIME_ERROR (observation.ERROR_TYPES) and the raw validation
+    # metric (episode executions only). The single-turn job reads no feedback: off.
     c.wm.error_type_coef = 0.0
     c.wm.validation_coef = 0.0
     c.wm.trunk_from_policy = False  # WM trunk = the warm-started policy's (its width, weights)
@@ -204,4 +204,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.correction.denoise_half_life = 16.0
     c.correction.denoise_target = 2.0
     c.correction.denoise_w_max = 4.0
+    # How the WM ensemble's members become one score: auto = the mode's (inverse-variance
+    # fusion in denoise_only and wmrl, the members' mean in the others), or force
+    # inverse_variance | mean.
+    c.correction.sample_fusion = "auto"
     return c

@@ -27,7 +27,7 @@
    every observation) carries no loss, only the agent's own tokens of each turn. The WM is
    fine-tuned on every real turn of the anchor episodes (their real observations' targets).
 
-Anchors are synchronous for K > 1 (`rl.anchor_lag` is ignored): an anchor episode's turn t+1
+Anchors are synchronous for K > 1 (`rl.anchor_lag` must be 0): an anchor episode's turn t+1
 is sampled from its turn t's real observation, so nothing of it can run a step behind.
 Every real turn is journalled with its observation (`anchors.jsonl`, rows `t*N + i`), so a
 step redone after preemption rebuilds the same prompts from the journal without executing
@@ -344,7 +344,7 @@ class MultiTurnTrainer(Trainer):
             updated = self._update_episodes(st, routed, ep, exchanged, corrected)
         metrics = step_metrics(
             sampled, routed, exchanged, corrected, updated, self.spec.uses_wm, clock.seconds,
-            rho=self.routing.rho,
+            rho=routed.rho,
         )  # fmt: skip
         metrics.update(self._turn_metrics(routed, ep, exchanged))
         wall = float(distributed.allgather_host(np.float64(clock.elapsed())).max())
@@ -354,6 +354,7 @@ class MultiTurnTrainer(Trainer):
             correction=corrected.result.correction, replay=updated.replay,
             wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_real,
             wm_calls=st.wm_calls + (n_rows * self.K if self.spec.uses_wm else 0),
+            adaptive_rho=self._next_rule_state(st, corrected),
         )  # fmt: skip
         metrics["real_executions_step"] = n_real
         metrics["wall_time_s"] = new_state.wall_time_s
@@ -412,7 +413,7 @@ class MultiTurnTrainer(Trainer):
         static_reward = np.array([_ladder(v) if v >= 0 else 0.0 for v in static], np.float32)
         inputs = StepInputs(
             r_wm=x_r_wm, r_env=x.r_env, env_valid=env_valid, anchor_groups=routed.is_anchor,
-            anchor_index=np.nonzero(routed.is_anchor)[0], static_mask=static >= 0,
+            anchor_index=self._anchor_index(routed), static_mask=static >= 0,
             static_reward=static_reward,
         )  # fmt: skip
         result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))

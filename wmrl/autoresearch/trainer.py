@@ -104,7 +104,7 @@ class Trainer:
         self.max_len = model_setup.seq_len(config)
         # Rows are [prompt: P columns, left-padded | completion]: log-probs from column P on.
         self.logprobs = make_logprobs_fn(policy.graphdef, policy.shardings, policy.mesh, self.P)
-        self.wm_score = make_wm_score_fn(wm.graphdef, wm.shardings, wm.mesh)
+        self.wm_score = make_wm_score_fn(wm.graphdef, wm.shardings, wm.mesh, fuse=tc.fuse)
         self.train = self.prepared.train_tasks
         tasks = self.train + prepared.heldout_tasks
         self.prompts = {t.id: rldata.task_prompt(config, t) for t in tasks}
@@ -387,15 +387,21 @@ class Trainer:
                 trained[i] = text
             static = static_outcomes(trained, idx, x.status, self.static_names)
         static_reward = np.array([status_reward(v) if v >= 0 else 0.0 for v in static], np.float32)
-        groups = np.nonzero(r.is_anchor)[0]
-        if self.rule is not None:  # a static count: padded with B (ignored) to the most
-            groups = np.concatenate([groups, np.full(self.max_anchor_groups - len(groups), self.B)])
         inputs = StepInputs(
             r_wm=x.r_wm, r_env=x.r_env, env_valid=env_valid, anchor_groups=r.is_anchor,
-            anchor_index=groups, static_mask=static >= 0, static_reward=static_reward,
+            anchor_index=self._anchor_index(r), static_mask=static >= 0,
+            static_reward=static_reward,
         )  # fmt: skip
         result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))
         return Corrected(result, static, env_valid)
+
+    def _anchor_index(self, r: Routed) -> np.ndarray:
+        """The anchor groups' indices; under the adaptive rule a static count, padded with B
+        (ignored) to the most a step can have, so the correction never compiles again."""
+        groups = np.nonzero(r.is_anchor)[0]
+        if self.rule is None:
+            return groups
+        return np.concatenate([groups, np.full(self.max_anchor_groups - len(groups), self.B)])
 
     def _policy_update(self, st: RunState, x: Exchanged, advantages: np.ndarray):
         """The policy's step on the exchanged rows with these per-row advantages (compiled on

@@ -27,19 +27,28 @@ MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_ancho
 
 @dataclasses.dataclass(frozen=True)
 class ModeSpec:
-    """`real`: every group executed, no WM (standard GRPO). The others execute only the anchor
-    groups (same routing for all, so ablations differ only in the corrections) and fine-tune
-    the WM on them; WM groups get the WM score, raw or calibrated.
+    """Every switch of a mode, the same in every experiment.
 
-    `constant`: the control `static_anchors` (DESIGN.md 3.9): the same anchors and static
-    check as `wmrl`, but every WM row the check does not fix gets one shared reward, the
-    recent mean real reward of unflagged anchor scripts (a world model that knows only the
-    average); anchor weight 1, no calibration. What `wmrl` gains over it is what the world
-    model contributes."""
+    `real`: every group executed, no WM (standard GRPO). The others execute only the anchor
+    groups (the same routing for all, so ablations differ only in the corrections) and
+    fine-tune the WM on them; WM groups get the WM score, raw or calibrated.
+
+    uses_wm: the non-anchor groups are scored by a world model.
+    debias: Online Debiasing (the WM scores go through the estimator before advantages).
+    denoise: the stream-level anchor weight on the anchor groups' advantages.
+    fuse: sample-level denoising: the WM ensemble's members are fused by inverse variance
+      into one score (else their plain mean); an experiment's `correction.sample_fusion`
+      may override it by name (`resolve_fusion`).
+    constant: the control `static_anchors`: the same anchors and verifiers as `wmrl`, but
+      every WM row the verifiers do not fix gets one shared reward, the recent mean real
+      reward of unflagged anchor scripts (a world model that knows only the average); anchor
+      weight 1, no calibration. What `wmrl` gains over it is what the world model
+      contributes."""
 
     uses_wm: bool
     debias: bool
     denoise: bool
+    fuse: bool = False
     constant: bool = False
 
 
@@ -47,10 +56,22 @@ MODE_SPECS = {
     "real": ModeSpec(uses_wm=False, debias=False, denoise=False),
     "wm_only": ModeSpec(uses_wm=True, debias=False, denoise=False),
     "debias_only": ModeSpec(uses_wm=True, debias=True, denoise=False),
-    "denoise_only": ModeSpec(uses_wm=True, debias=False, denoise=True),
-    "wmrl": ModeSpec(uses_wm=True, debias=True, denoise=True),
+    "denoise_only": ModeSpec(uses_wm=True, debias=False, denoise=True, fuse=True),
+    "wmrl": ModeSpec(uses_wm=True, debias=True, denoise=True, fuse=True),
     "static_anchors": ModeSpec(uses_wm=True, debias=False, denoise=False, constant=True),
 }
+
+# `correction.sample_fusion`: how a WM's ensemble members become one score. `auto` is the
+# mode's `fuse`; the others force inverse-variance fusion or the members' plain mean.
+SAMPLE_FUSIONS = ("auto", "inverse_variance", "mean")
+
+
+def resolve_fusion(sample_fusion: str, spec: ModeSpec) -> bool:
+    """Whether the members are fused by inverse variance under `sample_fusion` (one of
+    `SAMPLE_FUSIONS`) in a mode of spec `spec`."""
+    if sample_fusion not in SAMPLE_FUSIONS:
+        raise ValueError(f"sample_fusion must be one of {SAMPLE_FUSIONS}, got {sample_fusion!r}")
+    return spec.fuse if sample_fusion == "auto" else sample_fusion == "inverse_variance"
 
 
 class AnchorViews(NamedTuple):

@@ -50,6 +50,19 @@ def fuse_ensemble(
     return mu, var, epistemic
 
 
+def combine_members(
+    means: jax.Array, log_vars: jax.Array, fuse: bool, axis: int = 0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """M member estimates of the same quantity as one: `fuse_ensemble` (inverse variance) or,
+    with `fuse` False, the plain mean `mean_m(mu_m)` with its variance `sum_m(v_m) / M^2`
+    (independent members). Returns (mu, var, epistemic `Var_m(mu_m)`), `axis` removed."""
+    if fuse:
+        return fuse_ensemble(means, log_vars, axis=axis)
+    m = means.shape[axis]
+    var = jnp.exp(log_vars).sum(axis=axis) / m**2
+    return means.mean(axis=axis), var, jnp.var(means, axis=axis)
+
+
 def cross_sample_weights(variances: jax.Array, group_size: int, eps: float = 1e-8) -> jax.Array:
     """OPTIONAL per-sample weights `(1/v_i) / mean_group(1/v)` across different trajectories.
 

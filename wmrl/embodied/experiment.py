@@ -62,6 +62,8 @@ def _resolved(flat: dict) -> dict:
     """Compared by what a field does: `correction.sample_fusion` resolved for the mode (a run
     saved with `auto` resumes under the value `auto` resolves to); `image.*` only where the
     policy reads images (a state run, saved before the fields or not, ignores them)."""
+    if flat.get("mode") in rl.LEGACY_MODE_NAMES:  # the control, saved under its old name
+        flat = {**flat, "mode": rl.LEGACY_MODE_NAMES[flat["mode"]]}
     if flat.get("obs", "state") != "image":
         flat = {k: v for k, v in flat.items() if not k.startswith("image.")}
     if "correction.sample_fusion" in flat and flat.get("mode") in rl.MODE_SPECS:

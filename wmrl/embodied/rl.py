@@ -17,7 +17,7 @@ One RL step (DESIGN.md 3, embodied):
      trainer's; it calls `wmrl.core.correct.correct`, the bandits' too) with the mode's row of
      `wmrl.core.correct.MODE_SPECS`: Online Debiasing, the anchor pairs folded into the
      estimators, real success in the anchor groups, group advantages and the stream-level
-     anchor weight. `constant_wm` is the table's constant-score control (`static_anchors`'s
+     anchor weight. `static_anchors` is the table's constant-score control (its
      spec; this setting has no static check): every WM episode gets the recent mean real
      success of the anchors.
   6. PPO-clip token loss `wmrl.core.grpo.token_policy_loss` over the action tokens with KL to
@@ -44,15 +44,12 @@ from wmrl.embodied import policy as pol
 from wmrl.embodied import rollout
 from wmrl.embodied import world_model as wmodel
 
-# The shared table's rows (`wmrl.core.correct.MODE_SPECS`); `constant_wm` is its constant-score
-# control (the spec of `static_anchors`, whose static check does not exist here). A denoising
-# mode also fuses the WM members by inverse variance (sample level, DESIGN.md 3.5) unless
-# `correction.sample_fusion` says otherwise (`resolve_fusion`).
-WMRL_MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
-MODE_SPECS = {
-    **{m: correct.MODE_SPECS[m] for m in WMRL_MODES},
-    "constant_wm": correct.MODE_SPECS["static_anchors"],
-}
+# The shared table (`wmrl.core.correct.MODE_SPECS`), every mode with the switches it has in
+# every experiment. `static_anchors` is the constant-score control; this setting has no
+# static check, so it is the same anchors with one shared score for every WM episode.
+MODE_SPECS = correct.MODE_SPECS
+# The control's name before the experiments shared one table (saved configs may hold it).
+LEGACY_MODE_NAMES = {"constant_wm": "static_anchors"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +84,7 @@ class RLStatics:
     @property
     def fused(self) -> bool:
         """Whether the WM members are fused by inverse variance (else averaged)."""
-        return resolve_fusion(self.sample_fusion, self.mode) == "inverse_variance"
+        return correct.resolve_fusion(self.sample_fusion, self.spec)
 
     @property
     def anchor_group_count(self) -> int:
@@ -96,15 +93,11 @@ class RLStatics:
         return int(routing.num_anchor_groups(self.groups, self.groups, self.routing))
 
 
-SAMPLE_FUSIONS = ("auto", "inverse_variance", "mean")
-
-
 def resolve_fusion(sample_fusion: str, mode: str) -> str:
-    """`correction.sample_fusion` for a mode: `auto` is the mode's row (inverse variance in
-    the denoising modes, the members' mean in the others); the other values are themselves."""
-    if sample_fusion == "auto":
-        return "inverse_variance" if MODE_SPECS[mode].denoise else "mean"
-    return sample_fusion
+    """`correction.sample_fusion` for a mode, by name: `auto` is the mode's `fuse`
+    (inverse variance in the denoising modes, the members' mean in the others)."""
+    fused = correct.resolve_fusion(sample_fusion, MODE_SPECS[mode])
+    return "inverse_variance" if fused else "mean"
 
 
 def statics_from_config(config) -> RLStatics:
@@ -146,7 +139,7 @@ def statics_from_config(config) -> RLStatics:
 
 def init_rl_state(st: RLStatics, policy_params, wm_params, policy_tx, wm_tx):
     """The whole checkpointed RL state as one pytree (numpy/jax arrays only). The correction
-    state is the core's (`constant_wm`'s shared score starts at 0 before any anchor)."""
+    state is the core's (`static_anchors`'s shared score starts at 0 before any anchor)."""
     return {
         "step": np.zeros((), np.int32),
         "policy": policy_params,
@@ -161,10 +154,8 @@ def init_rl_state(st: RLStatics, policy_params, wm_params, policy_tx, wm_tx):
 
 def fused_score(means, log_vars, fuse: bool):
     """[M, N] member estimates -> ([N] WM score, [N] variance)."""
-    if fuse:
-        mu, var, _ = denoise.fuse_ensemble(means, log_vars, axis=0)
-        return mu, var
-    return means.mean(0), jnp.exp(log_vars).mean(0) / means.shape[0]
+    mu, var, _ = denoise.combine_members(means, log_vars, fuse, axis=0)
+    return mu, var
 
 
 def within_group_auc(scores: np.ndarray, real: np.ndarray) -> tuple[float, int]:
