@@ -245,10 +245,13 @@ def test_fused_score_by_hand():
 
 
 def test_sample_fusion_resolves_by_mode_and_bad_values_name_the_field():
-    want = {"wmrl": "inverse_variance", "denoise_only": "inverse_variance", "real": "mean"}
-    want |= {"wm_only": "mean", "debias_only": "mean", "static_anchors": "mean"}
-    assert {m: rl.resolve_fusion("auto", m) for m in MODES} == want
-    assert {rl.resolve_fusion("mean", m) for m in MODES} == {"mean"}
+    want = {"wmrl": True, "denoise_only": True, "real": False}
+    want |= {"wm_only": False, "debias_only": False, "static_anchors": False}
+    assert {m: correct.resolve_fusion("auto", correct.MODE_SPECS[m]) for m in MODES} == want
+    assert {correct.resolve_fusion("mean", correct.MODE_SPECS[m]) for m in MODES} == {False}
+    assert {correct.resolve_fusion("inverse_variance", correct.MODE_SPECS[m]) for m in MODES} == {
+        True
+    }
     c = embodied_push.get_config("tiny")
     c.correction.sample_fusion = "median"
     with pytest.raises(ConfigError, match=r"config\.correction\.sample_fusion.*'median'"):

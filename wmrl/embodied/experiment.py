@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from wmrl.config_errors import ConfigError
+from wmrl.core.correct import resolve_fusion
 from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import rl, rollout, stages
 from wmrl.embodied import world_model as wmodel
@@ -67,9 +68,8 @@ def _resolved(flat: dict) -> dict:
     if flat.get("obs", "state") != "image":
         flat = {k: v for k, v in flat.items() if not k.startswith("image.")}
     if "correction.sample_fusion" in flat and flat.get("mode") in rl.MODE_SPECS:
-        flat["correction.sample_fusion"] = rl.resolve_fusion(
-            flat["correction.sample_fusion"], flat["mode"]
-        )
+        fused = resolve_fusion(flat["correction.sample_fusion"], rl.MODE_SPECS[flat["mode"]])
+        flat["correction.sample_fusion"] = "inverse_variance" if fused else "mean"
     return flat
 
 

@@ -93,13 +93,6 @@ class RLStatics:
         return int(routing.num_anchor_groups(self.groups, self.groups, self.routing))
 
 
-def resolve_fusion(sample_fusion: str, mode: str) -> str:
-    """`correction.sample_fusion` for a mode, by name: `auto` is the mode's `fuse`
-    (inverse variance in the denoising modes, the members' mean in the others)."""
-    fused = correct.resolve_fusion(sample_fusion, MODE_SPECS[mode])
-    return "inverse_variance" if fused else "mean"
-
-
 def statics_from_config(config) -> RLStatics:
     cc = config.correction
     return RLStatics(
