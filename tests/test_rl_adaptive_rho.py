@@ -134,7 +134,8 @@ def _synthetic_steps(trainer, st, quality: str, steps: int, seed: int):
     """Drive the trainer's route -> correct -> rule phases on synthetic pair streams: the
     anchor groups of each step get real rewards and WM scores of the given quality. Returns
     the rho in force and the anchor count of each step."""
-    from wmrl.autoresearch.step import Exchanged, PhaseClock, Sampled
+    from wmrl.autoresearch.step import Exchanged, Sampled
+    from wmrl.experiment.step import PhaseClock
 
     B, G = trainer.B, trainer.G
     n = B * G
@@ -143,7 +144,7 @@ def _synthetic_steps(trainer, st, quality: str, steps: int, seed: int):
     rhos, counts = [], []
     for t in range(steps):
         key = jax.random.fold_in(jax.random.key(0), t)
-        r = trainer._route(st, sampled, key, PhaseClock())
+        r = trainer.route(st, sampled, key, PhaseClock())
         rhos.append(r.rho)
         counts.append(int(r.is_anchor.sum()))
         r_env = rng.permutation(np.linspace(0.1, 0.9, n)).astype(np.float32)  # no ties
@@ -154,7 +155,7 @@ def _synthetic_steps(trainer, st, quality: str, steps: int, seed: int):
             status=status, origin=None, trained_tasks=None, collected=1, new_executions=0,
             pending=None,
         )  # fmt: skip
-        c = trainer._correct_phase(st, r, sampled._replace(step=t), x)
+        c = trainer._correct_phase(st, r, x)
         st = st.replace(
             correction=c.result.correction, adaptive_rho=trainer._next_rule_state(st, c)
         )
@@ -313,8 +314,9 @@ def test_a_full_sandbox_pool_queues_the_anchors_and_never_changes_which_they_are
     submitted at once (queued: no free slot), and all four execute and are journalled."""
     from wmrl.autoresearch.anchors import AnchorJournal, AnchorQueue
     from wmrl.autoresearch.env.pool import SandboxPool
-    from wmrl.autoresearch.step import PhaseClock, Sampled
+    from wmrl.autoresearch.step import Sampled
     from wmrl.core.fidelity import AdaptiveRhoState
+    from wmrl.experiment.step import PhaseClock
 
     trainer, st = adaptive_trainer
     collapsed = AdaptiveRhoState(ema=jnp.float32(0.0), norm=jnp.float32(1.0), groups=jnp.int32(8))
@@ -327,11 +329,11 @@ def test_a_full_sandbox_pool_queues_the_anchors_and_never_changes_which_they_are
     pool = SandboxPool(1, time_limit_cap_s=10.0)
     saved, trainer.anchors = trainer.anchors, AnchorQueue(journal, pool, lag=0)
     try:
-        routed = trainer._route(st, sampled, key, PhaseClock())
+        routed = trainer.route(st, sampled, key, PhaseClock())
         assert routed.rho == 1.0 and list(routed.submit_idx) == [0, 1, 2, 3]
         sub = trainer._submit(sampled, routed)
         assert pool.free_slots() == 0  # more anchors than slots: the pool queues them
-        again = trainer._route(st, sampled, key, PhaseClock())
+        again = trainer.route(st, sampled, key, PhaseClock())
         np.testing.assert_array_equal(again.is_anchor, routed.is_anchor)
         out = trainer.anchors.collect(sub)
         assert (out.status != int(Status.UNGRADED)).all() and out.new == 4

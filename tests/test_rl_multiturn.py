@@ -202,12 +202,13 @@ def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
         trainer.warmup(st)
         step = trainer._policy_step
         trainer._policy_step = lambda state, batch: (batches.append(batch), step(state, batch))[1]
-        key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
-        k_gen, k_route = jax.random.split(key)
-        from wmrl.autoresearch.step import PhaseClock
+        from wmrl.experiment.step import PhaseClock
 
-        tasks = trainer._tasks_for_step(st.step)
-        ep, _ = trainer.rollout(st, tasks, k_gen, k_route, PhaseClock())
+        keys, clock = trainer.keys(st), PhaseClock()  # the step's own phases, replayed
+        first = trainer.sample(st, keys.sample, clock)
+        ep = trainer.rollout(
+            st, first, trainer.route(st, first, keys.route, clock), keys.sample, clock
+        )
         st, _, _ = trainer.run_step(st)
     finally:
         trainer.journal.close()
@@ -223,7 +224,7 @@ def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
     for i in range(N):  # turn 2's prompt holds turn 1's observation, in the masked columns
         row = batch["tokens"][N + i]
         prompt = tok.decode(row[:P][batch["input_mask"][N + i, :P]])
-        task = trainer.episode_tasks[tasks[i // config.rl.group_size].id]
+        task = trainer.episode_tasks[first.row_tasks[i].id]
         obs_text = render_observation(ep.observations[0][i], task.metric_name)
         assert f"### TURN 1 RESULT\n{obs_text}" in prompt, prompt[-300:]
     grad = jax.grad(

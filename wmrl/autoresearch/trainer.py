@@ -17,10 +17,11 @@ One step (DESIGN.md section 3), for B training tasks x G scripts:
 6. **WM online**: the anchor outcomes (real rewards only) join a replay buffer the WM is
    fine-tuned on.
 
-`run_step` reads as that list: each phase is a method with a typed record in and out
-(`wmrl.autoresearch.step`), timed by one `PhaseClock`; `warmup` compiles by calling the same phases.
-The correction maths is `wmrl.core.correct`, the anchor stream `wmrl.autoresearch.anchors`, the
-state `wmrl.autoresearch.state`.
+`run_step` is the shared driver `wmrl.experiment.step.run_step` over this class's phases
+(`sample`, `route`, `act`, `correct`, `update`, `finish`), each a method with a typed record
+in and out (`wmrl.autoresearch.step`), timed by one `PhaseClock`; `warmup` compiles by
+calling the same phases. The correction maths is `wmrl.core.correct`, the anchor stream
+`wmrl.autoresearch.anchors`, the state `wmrl.autoresearch.state`.
 
 Everything a resumed run needs is in the checkpoint (`checkpoint.py`); every real anchor
 outcome is also journalled to `anchors.jsonl` the moment it completes, so a step cut short
@@ -56,7 +57,6 @@ from wmrl.autoresearch.state import TOKEN_ARRAYS, Pending, Replay, RunState
 from wmrl.autoresearch.step import (
     Corrected,
     Exchanged,
-    PhaseClock,
     Routed,
     Sampled,
     Scored,
@@ -71,6 +71,7 @@ from wmrl.core import fidelity
 from wmrl.core.correct import StepInputs, correct_rewards
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import init_correction_state
+from wmrl.experiment.step import PhaseClock, StepKeys, run_step
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
 
 # The step's timings in metrics.jsonl (execute_s spans submission to collection, overlapping
@@ -174,11 +175,11 @@ class Trainer:
         """
         t0 = time.monotonic()
         clock, key = PhaseClock(), jax.random.key(0)
-        sampled = self._sample(st, key, clock)
-        routed = self._route(st, sampled, key, clock)
+        sampled = self.sample(st, key, clock)
+        routed = self.route(st, sampled, key, clock)
         scored = self._score(st, sampled, routed, clock)
         exchanged = no_exchange(sampled, scored, self.no_pending)
-        corrected = self._correct_phase(st, routed, sampled, exchanged)
+        corrected = self._correct_phase(st, routed, exchanged)
         self._next_rule_state(st, corrected)  # the adaptive rule's update (when on)
         copy = lambda tree: jax.tree.map(jnp.copy, tree)
         # One filled replay row, so that the WM's online step runs (and compiles) too.
@@ -216,7 +217,8 @@ class Trainer:
     # -- one RL step ---------------------------------------------------------------------
 
     def run_step(self, st: RunState) -> tuple[RunState, dict, list[dict]]:
-        """One RL step; returns the new state, the step's metrics and its anchor pairs.
+        """One RL step (`wmrl.experiment.step.run_step` over the phases below); returns the
+        new state, the step's metrics and its anchor pairs.
 
         With `rl.anchor_lag = 1` (modes with a WM stream) the step's anchor rows execute in
         the background and the step trains on the previous step's anchor rows in their place
@@ -224,48 +226,65 @@ class Trainer:
         real outcomes, generation-time log-probs and WM scores. The first step has none and
         masks those positions out.
         """
-        clock = PhaseClock(STEP_TIMES)
+        return run_step(self, st)
+
+    def clock(self) -> PhaseClock:
+        return PhaseClock(STEP_TIMES)
+
+    def keys(self, st: RunState) -> StepKeys:
+        """Generation and routing keys: a pure function of the run's seed and the step."""
         key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
         k_gen, k_route = jax.random.split(key)
-        sampled = self._sample(st, k_gen, clock)
-        routed = self._route(st, sampled, k_route, clock)
+        return StepKeys(sample=k_gen, route=k_route, act=None)
+
+    def act(self, st: RunState, s: Sampled, r: Routed, key, clock: PhaseClock) -> Exchanged:
+        """act: the anchor scripts go to the sandbox, the WM scores every row and the
+        reference log-probs are computed while they execute, then the outcomes this step
+        trains on are collected (`_exchange`)."""
         with clock("execute_s"):
-            submission = self._submit(sampled, routed)
-            scored = self._score(st, sampled, routed, clock)  # while the anchors execute
-            exchanged = self._exchange(st, sampled, routed, scored, submission, clock)
-        if not self.anchors.lag or not len(routed.submit_idx):
+            submission = self._submit(s, r)
+            scored = self._score(st, s, r, clock)  # while the anchors execute
+            exchanged = self._exchange(st, s, r, scored, submission, clock)
+        if not self.anchors.lag or not len(r.submit_idx):
             clock.seconds["anchor_wait_s"] = clock.seconds["execute_s"]
+        return exchanged
+
+    def correct(self, st: RunState, r: Routed, x: Exchanged, clock: PhaseClock) -> Corrected:
         with clock("train_s"):
-            corrected = self._correct_phase(st, routed, sampled, exchanged)
-            updated = self._update(st, routed, exchanged, corrected)
-        metrics = step_metrics(
-            sampled, routed, exchanged, corrected, updated, self.spec.uses_wm, clock.seconds,
-            rho=routed.rho,
-        )  # fmt: skip
+            return self._correct_phase(st, r, x)
+
+    def update(
+        self, st: RunState, r: Routed, x: Exchanged, c: Corrected, clock: PhaseClock
+    ) -> Updated:
+        with clock("train_s"):
+            return self._update(st, r, x, c)
+
+    def finish(self, st, s: Sampled, r: Routed, x: Exchanged, c: Corrected, u: Updated, clock):
+        """The new state, the step's metrics and its anchor pairs."""
+        metrics = step_metrics(s, r, x, c, u, self.spec.uses_wm, clock.seconds, rho=r.rho)
         # The slowest process's step time, so every process stops at the same step when a
         # wall-clock budget runs out.
         wall = float(distributed.allgather_host(np.float64(clock.elapsed())).max())
-        n_anchor, n_rows = len(routed.submit_idx), len(sampled.scripts)
+        n_anchor, n_rows = len(r.submit_idx), len(s.scripts)
         new_state = dataclasses.replace(
-            st, step=st.step + 1, policy=updated.policy, wm=updated.wm,
-            correction=corrected.result.correction, replay=updated.replay,
-            pending=exchanged.pending,
-            wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_anchor,
+            st, step=st.step + 1, policy=u.policy, wm=u.wm, correction=c.result.correction,
+            replay=u.replay, pending=x.pending, wall_time_s=st.wall_time_s + wall,
+            real_executions=st.real_executions + n_anchor,
             wm_calls=st.wm_calls + (n_rows if self.spec.uses_wm else 0),
-            adaptive_rho=self._next_rule_state(st, corrected),
+            adaptive_rho=self._next_rule_state(st, c),
         )  # fmt: skip
         metrics["wall_time_s"] = new_state.wall_time_s
         metrics["real_executions"] = new_state.real_executions
-        return new_state, metrics, anchor_pairs(exchanged, corrected)
+        return new_state, metrics, anchor_pairs(x, c)
 
-    def _sample(self, st: RunState, key, clock: PhaseClock) -> Sampled:
+    def sample(self, st: RunState, key, clock: PhaseClock) -> Sampled:
         """sample: G scripts for each of the step's B tasks (a pure function of seed, step)."""
         tasks = self._tasks_for_step(st.step)
         with clock("generate_s"):
             rows, scripts = self._generate(st.policy.params, tasks, self.sc, key)
         return Sampled(st.step, [t for t in tasks for _ in range(self.G)], rows, scripts)
 
-    def _route(self, st: RunState, s: Sampled, key, clock: PhaseClock) -> Routed:
+    def route(self, st: RunState, s: Sampled, key, clock: PhaseClock) -> Routed:
         """route: the anchor groups (`wmrl.core.routing`); uncertainty routing scores the WM
         first, for its predictive variance.
 
@@ -374,13 +393,13 @@ class Trainer:
                 x.origin[i], x.trained_tasks[i] = (got.step, int(row)), task
         return x
 
-    def _correct_phase(self, st: RunState, r: Routed, s: Sampled, x: Exchanged) -> Corrected:
+    def _correct_phase(self, st: RunState, r: Routed, x: Exchanged) -> Corrected:
         """correct: static verdicts, then the jitted correction (`wmrl.core.correct`)."""
         idx = r.anchor_idx
         env_valid = r.anchor_rows & (x.status != int(Status.UNGRADED))
-        static = np.full(len(s.scripts), -1, np.int32)
+        static = np.full(len(x.r_wm), -1, np.int32)
         if self.static_check:  # anchor rows: the scripts trained on (with the lag, decoded)
-            trained = list(s.scripts)
+            trained = list(x.scripts)
             P = self.P
             decoded = self._decode(x.rows["tokens"][idx, P:], x.rows["input_mask"][idx, P:])
             for i, text in zip(idx, decoded, strict=True):
