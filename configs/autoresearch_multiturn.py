@@ -1,4 +1,4 @@
-"""Multi-turn Mini AutoResearch: the agent revises its script from feedback (DESIGN.md s. 4).
+"""Multi-turn Mini AutoResearch: the agent revises its script from feedback (docs/method.md 4).
 
     python -m wmrl.main --config=configs/autoresearch_multiturn.py --workdir=runs/ar_multiturn
 

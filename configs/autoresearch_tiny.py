@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.suite.allow_mixed_isolation = False  # executor=ray: accept nodes at the rlimits level
     c.suite.time_limit_s = 20.0  # caps each task's own time limit (s)
 
-    # The episode (DESIGN.md section 4): env.turns = K scripts per episode, each executed once,
+    # The episode (docs/method.md 4): env.turns = K scripts per episode, each executed once,
     # the agent reading an observation of each turn but the last; the trajectory reward is the
     # best turn's. K = 1 is the single-turn setting exactly (configs/autoresearch_multiturn.py).
     c.env = ml_collections.ConfigDict()
@@ -177,12 +177,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.keep_checkpoints = 3
 
     c.correction = ml_collections.ConfigDict()
-    # Anchor fraction: 2 of the 8 groups (DESIGN's default 0.10 would round to 1). With
+    # Anchor fraction: 2 of the 8 groups (the method's default 0.10 would round to 1). With
     # `rl.anchor_lag` the anchors execute while the next step computes, and one group left
     # the 2 sandbox workers idle part of each step; two double the real signal for a longer
     # step (the speedup benchmark measures both; docs/results.md).
     c.correction.rho = 0.25
-    # Fidelity-driven anchor fraction (ours, DESIGN.md 3.10; off = the fixed `rho` above): the
+    # Fidelity-driven anchor fraction (ours, docs/method.md 3.10; off = the fixed `rho` above): the
     # anchor fraction moves between rho_min (the WM stream ranks the anchors' scripts as
     # their real rewards do) and rho_max (it has collapsed: every group executed, standard
     # GRPO), from the anchors' measured within-group agreement; `rho` holds until the rule has

@@ -166,7 +166,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.correction.denoise_half_life = 16.0
     c.correction.denoise_target = 2.0
     c.correction.denoise_w_max = 4.0
-    # How the WM members' scores of one episode become its score (DESIGN.md 3.5, sample
+    # How the WM members' scores of one episode become its score (docs/method.md 3.5, sample
     # level): `inverse_variance` (`wmrl.core.denoise.fuse_ensemble`), `mean`, or `auto` (the
     # mode's row: inverse variance in denoise_only / wmrl, the mean in the other modes).
     c.correction.sample_fusion = "auto"

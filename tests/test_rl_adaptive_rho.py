@@ -1,4 +1,4 @@
-"""The fidelity-driven anchor fraction in the trainer (`correction.adaptive_rho`, DESIGN.md
+"""The fidelity-driven anchor fraction in the trainer (`correction.adaptive_rho`, docs/method.md
 3.10): a padded anchor set corrects exactly as the unpadded one; the trainer's own rule, count
 and routing on synthetic pair streams (a good WM thins the anchors to rho_min, a collapsed one
 executes every group) without compiling anything new; routing nested in the count and blind

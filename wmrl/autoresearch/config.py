@@ -247,7 +247,7 @@ def _check_policy_samples(config) -> None:
 
 
 def _check_adaptive_rho(config) -> None:
-    """`correction.adaptive_rho`, `rho_min`, `rho_max` (DESIGN.md 3.10): fractions in [0, 1],
+    """`correction.adaptive_rho`, `rho_min`, `rho_max` (docs/method.md 3.10): fractions in [0, 1],
     `rho_min <= rho_max` (checked whether or not the rule is on), and the rule only where a
     WM stream is measured and may be thinned."""
     c = config.correction

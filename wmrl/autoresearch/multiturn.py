@@ -1,4 +1,4 @@
-"""Multi-turn episodes (DESIGN.md section 4): the agent revises its script from feedback.
+"""Multi-turn episodes (docs/method.md 4): the agent revises its script from feedback.
 
 `MultiTurnTrainer` is the `Trainer` of `env.turns` = K > 1 (K = 1 runs the single-turn
 `Trainer` itself, unchanged). One RL step rolls out the step's N = B*G episodes turn by turn:

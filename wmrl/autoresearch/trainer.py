@@ -1,12 +1,12 @@
 """The RL loop: generate, route, score with the WM while anchors execute, correct, update.
 
-One step (DESIGN.md section 3), for B training tasks x G scripts:
+One step (docs/method.md 3), for B training tasks x G scripts:
 
 1. **Generate** G scripts per task with the jitted sampler (tokens + policy log-probs).
 2. **Route** whole groups to real execution: `real` executes every group; the other modes
    pick `rho` of the groups (at least `min_groups`), uniformly or partly by WM variance;
    with `correction.adaptive_rho` the rho in force follows the WM stream's within-group
-   agreement measured on the anchors (`wmrl.core.fidelity`, DESIGN.md 3.10).
+   agreement measured on the anchors (`wmrl.core.fidelity`, docs/method.md 3.10).
 3. **Score**: the anchor scripts go to the sandbox pool first, then, while they execute,
    the WM scores every trajectory and the reference policy's log-probs are computed.
 4. **Debias** (monotone map fitted on anchor pairs) and **denoise** (anchor weight from the

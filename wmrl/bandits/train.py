@@ -2,7 +2,7 @@
 
 One `jax.jit` compiles the whole run of one variant: an outer `lax.scan` over logging chunks,
 an inner `lax.scan` over steps, `jax.vmap` over seeds inside the step. Each step follows the
-WMRL step of DESIGN.md 3 on a softmax (or linear-softmax, contextual) policy:
+WMRL step of docs/method.md 3 on a softmax (or linear-softmax, contextual) policy:
 
   sample B pulls in B/G groups -> WM-score every pull (M heads) -> route anchor groups, which
   are also executed for real -> calibrate WM scores (keyed offsets by arm / monotone map) ->
@@ -294,7 +294,7 @@ def refit_due_maps(corr: CorrectionState, config: debias.DebiasConfig) -> Correc
     vmap over seeds: under `lax.cond` on "any seed due", steps where no seed is due skip the
     fit, which inside the vmap would run for every seed at every step. Every seed gets the
     same number of anchor pairs per step, so all are due together: the fit runs once every
-    `refit_every / anchor pulls` steps. Seeds that are not due keep their map (DESIGN.md 3.4).
+    `refit_every / anchor pulls` steps. Seeds that are not due keep their map (docs/method.md 3.4).
     """
     if not config.uses_monotone:
         return corr

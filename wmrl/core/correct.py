@@ -1,4 +1,4 @@
-"""The per-step reward correction of WMRL (DESIGN.md 3.4-3.6) and the table of modes.
+"""The per-step reward correction of WMRL (docs/method.md 3.4-3.6) and the table of modes.
 
 `correct` is the one correction, shared by the bandits (`wmrl.bandits.train`) and the
 AutoResearch trainer (`correct_rewards`, its jitted per-step form with advantages and

@@ -1,6 +1,6 @@
 """GRPO post-training of the chunk policy with WMRL's correction, modes from the same code.
 
-One RL step (DESIGN.md 3, embodied):
+One RL step (docs/method.md 3, embodied):
   1. B start states (instruction + layout) from the training tasks, G rollouts each (a group).
   2. Route: `wmrl.core.routing.route_anchors` picks whole anchor groups (seeded by seed and
      step). Mode `real` executes every group.
