@@ -232,10 +232,11 @@ class Trainer:
         return PhaseClock(STEP_TIMES)
 
     def keys(self, st: RunState) -> StepKeys:
-        """Generation and routing keys: a pure function of the run's seed and the step."""
+        """Generation and routing keys: a pure function of the run's seed and the step. `act`
+        gets the generation key too (multi-turn: turn t samples with it folded with t)."""
         key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
         k_gen, k_route = jax.random.split(key)
-        return StepKeys(sample=k_gen, route=k_route, act=None)
+        return StepKeys(sample=k_gen, route=k_route, act=k_gen)
 
     def act(self, st: RunState, s: Sampled, r: Routed, key, clock: PhaseClock) -> Exchanged:
         """act: the anchor scripts go to the sandbox, the WM scores every row and the
