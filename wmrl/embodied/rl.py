@@ -312,7 +312,7 @@ class Trainer:
         self.replay_value = jax.jit(
             lambda wm, obs, acts, t0, task: wmodel.replay_value(wm, obs, acts, t0, task, **common)
         )
-        self.sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
+        self.sample_actions = jax.jit(pol.sample_chunk, static_argnums=(0,))
         self.wm_step = wmodel.make_train_step(
             self.wm_tx, self.velocities, st.push_distance, st.contact_gate
         )
@@ -331,7 +331,7 @@ class Trainer:
 
     def real_episodes(self, params, starts, key) -> rollout.Episodes:
         def act(words, obs, c):
-            a, lp = self.sample(
+            a, lp = self.sample_actions(
                 self.graphdef,
                 params,
                 jnp.asarray(words),
