@@ -92,8 +92,13 @@ def test_bad_input_names_the_field():
     with pytest.raises(ConfigError, match=r"config\.policy\.chunk.*longer than the episode"):
         stages.validate_embodied_config(c)
     c = embodied_push.get_config()
-    c.mode = "static_anchors"
-    with pytest.raises(ConfigError, match=r"config\.mode"):
+    c.mode = "fastest"
+    with pytest.raises(ConfigError, match=r"config\.mode: must be one of .*'fastest'"):
+        stages.validate_embodied_config(c)
+    c.mode = "constant_wm"  # the control's old name: refused, naming the new one
+    with pytest.raises(
+        ConfigError, match=r"config\.mode: 'constant_wm' is now called 'static_anchors'"
+    ):
         stages.validate_embodied_config(c)
     c = embodied_push.get_config()
     c.env.colours = ("red", "yellow", "blue")
