@@ -32,6 +32,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from wmrl.autoresearch.env.competitions.metrics import get_competition_metric
 from wmrl.autoresearch.env.ids import canonical_id
 from wmrl.autoresearch.env.metrics import Metric, get_metric
 
@@ -131,9 +132,14 @@ class Task:
     provenance: dict
     split: str
     reference_scores: tuple[float, ...]
+    # An imported benchmark competition's block of task.json (``competitions.task_dir``):
+    # graded by its own metric and leaderboards, not by test_labels.csv and leaderboard.json.
+    competition: dict | None = None
 
     @property
     def metric(self) -> Metric:
+        if self.competition is not None:
+            return get_competition_metric(self.metric_name)
         return get_metric(self.metric_name)
 
     @property
@@ -223,6 +229,10 @@ def load_task(root: str | os.PathLike) -> Task:
     root = Path(root).resolve()
     if not root.is_dir():
         raise TaskError(f"task directory {root} does not exist")
+    from wmrl.autoresearch.env.competitions import task_dir  # it builds on this module
+
+    if task_dir.is_competition_task(root):
+        return task_dir.load_competition_task(root)
     for rel in (
         "task.json",
         "public/train.csv",
