@@ -121,6 +121,12 @@ def test_import_makes_tasks_with_public_data_only(prepared, tasks):
     for name in MLEDOJO:
         for sub in ("data/private", "raw"):
             assert mode(root / "mledojo-data" / name / sub) == 0o700, sub
+    # The suite index a trainer's suite.dir needs: both imports, one entry per task.
+    index = json.loads((prepared[1] / "suite.json").read_text())
+    assert [(e["id"], e["split"], e["benchmark"]) for e in index] == [
+        ("mb-house-price", "train", "mlebench"), ("mb-toxic-tags", "train", "mlebench"),
+        ("md-flower-kind", "heldout", "mledojo"), ("md-leaf-probs", "heldout", "mledojo"),
+    ]  # fmt: skip
     # The answers kept are exactly the benchmark's (the sample submission's columns).
     kept = pd.read_csv(tasks["md-leaf-probs"].root / "private" / "answers.csv")
     pd.testing.assert_frame_equal(kept, answers_of("md-leaf-probs"))
@@ -305,7 +311,8 @@ def _bad(name, change):
 INVALID = [
     ("md-leaf-probs", lambda s: s.drop(columns=["betula"]), "lacks column"),
     ("md-leaf-probs", lambda s: s.assign(extra=1), "the sample submission lacks"),
-    ("md-leaf-probs", lambda s: s.assign(acer=0.9), "sum to 1"),
+    ("md-leaf-probs", lambda s: s.assign(acer=1.5), "probabilities in [0, 1]"),
+    ("md-leaf-probs", lambda s: s.assign(acer=0, betula=0, quercus=0), "all 0"),
     ("md-leaf-probs", lambda s: s[1:], "rows"),
     ("mb-house-price", lambda s: pd.concat([s[:-1], s[:1]]), "duplicate ids"),
     ("mb-house-price", lambda s: s.assign(price="cheap"), "finite numbers"),
@@ -362,3 +369,73 @@ def test_honest_solutions_are_graded_through_the_real_pool(tasks, tmp_path):
         assert r.score == pytest.approx(grade_submission(tasks[name], mine).score, rel=1e-9)
     assert results["md-leaf-probs"].benchmark["position_score"] > 0
     assert results["mb-house-price"].benchmark["medal"] in ("gold", "silver", "bronze", None)
+
+
+def test_multi_turn_episodes_refuse_a_competition_task(tasks, tmp_path):
+    from wmrl.autoresearch.env.episode import make_episode_task
+
+    with pytest.raises(TaskError, match="imported mledojo competition"):
+        make_episode_task(tasks["md-flower-kind"], tmp_path / "episodes")
+
+
+def test_class_probabilities_are_rescaled_to_sum_to_one(tasks, tmp_path):
+    """Kaggle's rule: each row divided by its sum before the log loss. Halving every
+    probability of `submission`'s rows leaves the score as it was."""
+    sub, expected = submission("md-leaf-probs")
+    sub[["acer", "betula", "quercus"]] /= 2
+    sub.to_csv(tmp_path / "half.csv", index=False)
+    g = grade_submission(tasks["md-leaf-probs"], tmp_path / "half.csv")
+    assert g.status == Status.VALID and g.score == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_metrics_agree_with_scikit_learn():
+    from sklearn import metrics as sk
+
+    from wmrl.autoresearch.env.competitions.metrics import get_competition_metric as get
+
+    rng = np.random.default_rng(3)
+    n = 60
+    labels = rng.choice(["a", "b", "c"], size=n).astype(object)
+    guess = np.where(rng.random(n) < 0.6, labels, rng.choice(["a", "b", "c"], size=n))
+    binary = rng.integers(0, 2, size=(n, 2)).astype(float)
+    scores = np.clip(binary * 0.4 + rng.random((n, 2)) * 0.6, 0.01, 0.99)
+    y, p = rng.normal(size=(n, 3)) + 3, rng.normal(size=(n, 3)) + 3
+    col = lambda a: a.reshape(-1, 1)
+    one_hot = np.eye(3)[rng.integers(0, 3, size=n)]
+    probs = rng.random((n, 3)) + 0.05
+    cases = [
+        ("accuracy", col(labels), col(guess), sk.accuracy_score(labels, guess)),
+        ("f1_macro", col(labels), col(guess), sk.f1_score(labels, guess, average="macro")),
+        ("f1_micro", col(labels), col(guess), sk.f1_score(labels, guess, average="micro")),
+        ("f1_weighted", col(labels), col(guess),
+         sk.f1_score(labels, guess, average="weighted")),
+        ("f1", col(binary[:, 0].astype(int).astype(str).astype(object)),
+         col((scores[:, 0] > 0.5).astype(int).astype(str).astype(object)),
+         sk.f1_score(binary[:, 0], scores[:, 0] > 0.5)),
+        ("qwk", col(rng.integers(0, 5, n)), col(rng.integers(0, 5, n)), None),
+        ("roc_auc", binary[:, :1], scores[:, :1], sk.roc_auc_score(binary[:, 0], scores[:, 0])),
+        ("mean_roc_auc", binary, scores, np.mean([sk.roc_auc_score(binary[:, j], scores[:, j])
+                                                  for j in range(2)])),
+        ("logloss", binary[:, :1], scores[:, :1], sk.log_loss(binary[:, 0], scores[:, 0])),
+        ("multiclass_logloss", one_hot, probs,
+         sk.log_loss(one_hot.argmax(1), probs / probs.sum(1, keepdims=True))),
+        ("rmse", y[:, :1], p[:, :1], np.sqrt(sk.mean_squared_error(y[:, 0], p[:, 0]))),
+        ("mse", y[:, :1], p[:, :1], sk.mean_squared_error(y[:, 0], p[:, 0])),
+        ("mae", y[:, :1], p[:, :1], sk.mean_absolute_error(y[:, 0], p[:, 0])),
+        ("r2", y[:, :1], p[:, :1], sk.r2_score(y[:, 0], p[:, 0])),
+        ("rmsle", y[:, :1], p[:, :1], np.sqrt(sk.mean_squared_log_error(y[:, 0], p[:, 0]))),
+        ("mean_rmsle", y, p, np.mean([np.sqrt(sk.mean_squared_log_error(y[:, j], p[:, j]))
+                                      for j in range(3)])),
+        ("mcrmse", y, p, np.mean([np.sqrt(sk.mean_squared_error(y[:, j], p[:, j]))
+                                  for j in range(3)])),
+    ]  # fmt: skip
+    for name, t, q, expected in cases:
+        if name == "qwk":
+            expected = sk.cohen_kappa_score(t[:, 0], q[:, 0], weights="quadratic")
+        assert get(name).fn(t, q) == pytest.approx(expected, rel=1e-9, abs=1e-12), name
+    # MAP@3 by hand: row 1 hits at rank 2 (1/2), row 2 at ranks 1 and 3 of two true (1 + 2/3)/2
+    truth = np.empty((2, 1), dtype=object)
+    truth[:, 0] = [("x",), ("y", "z")]
+    guess3 = np.empty((2, 1), dtype=object)
+    guess3[:, 0] = [("w", "x", "v"), ("y", "w", "z")]
+    assert get("map@3").fn(truth, guess3) == pytest.approx((0.5 + (1 + 2 / 3) / 2) / 2)

@@ -8,7 +8,8 @@
     python -m wmrl.autoresearch.env.competitions --benchmark=mledojo --data_dir=DATA \\
         [--competitions_dir=MLE-Dojo/mledojo/competitions] --metrics=FILE.json --out=SUITE ...
 
-Each competition becomes ``SUITE/<id>`` (``task_dir.write_competition_task``). Nothing is
+Each competition becomes ``SUITE/<id>`` (``task_dir.write_competition_task``) and an entry of
+``SUITE/suite.json`` (the index a trainer's ``suite.dir`` needs). Nothing is
 downloaded: the data are what the benchmark's own tools prepared. ``--metrics`` is a JSON
 object mapping competition ids to metric names (needed for MLE-Dojo; for MLE-bench it
 overrides config.yaml). Without ``--keep_going`` the first competition that cannot be a task
@@ -118,7 +119,27 @@ def main(argv) -> None:
             refused[name] = str(e)
             continue
         imported[name] = str(out)
+    if imported:
+        update_suite_index(Path(FLAGS.out), list(imported))
     print(json.dumps({"imported": imported, "refused": refused}, indent=2))
+
+
+def update_suite_index(suite: Path, ids: list[str]) -> None:
+    """Add the imported tasks to ``SUITE/suite.json``, the index a trainer's ``suite.dir``
+    must have (``wmrl.autoresearch.config``): one entry per task (id, split, metric,
+    benchmark), earlier entries of other ids kept, so several imports build one suite."""
+    from wmrl.autoresearch.env.task import load_task
+
+    path = suite / "suite.json"
+    index = json.loads(path.read_text()) if path.is_file() else []
+    entries = {e["id"]: e for e in index}
+    for name in ids:
+        task = load_task(suite / name)
+        entries[name] = {"id": task.id, "split": task.split, "metric": task.metric_name,
+                         "benchmark": task.competition["benchmark"]}  # fmt: skip
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps([entries[k] for k in sorted(entries)], indent=2))
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

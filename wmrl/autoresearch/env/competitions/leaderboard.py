@@ -22,7 +22,8 @@ reads them from disk when it grades.
                        bronze at max(1, int(0.1 n))
 
   A score reaching a threshold (ties count) earns that medal, the best one only;
-  "above median" is strictly better than the median of all scores.
+  "above median" is strictly better than the median of all scores. Its position score on
+  the one leaderboard (below) is recorded too, so every competition has one.
 * MLE-Dojo's position score (``mledojo_outcome``): on each leaderboard of n scores sorted
   best first, the position is 1 + the number of scores strictly better than the
   submission's, and the position score (n - position + 1) / n; the average over the
@@ -115,15 +116,17 @@ def mlebench_outcome(score: float | None, scores: np.ndarray, higher_is_better: 
     """MLE-bench's verdict on a score (None: not VALID) against a best-first leaderboard."""
     if score is None:
         return {"benchmark": "mlebench", "score": None, "medal": None, "any_medal": False,
-                "above_median": False}  # fmt: skip
+                "above_median": False, "position_score": 0.0}  # fmt: skip
     rounded = round(float(score), MLEBENCH_DECIMALS)
     t = medal_thresholds(scores)
     reaches = (lambda x: rounded >= x) if higher_is_better else (lambda x: rounded <= x)
     medal = next((m for m, x in (("gold", t.gold), ("silver", t.silver),
                                  ("bronze", t.bronze)) if reaches(x)), None)  # fmt: skip
     above = rounded > t.median if higher_is_better else rounded < t.median
+    p, n = position(rounded, scores, higher_is_better), len(scores)
     return {"benchmark": "mlebench", "score": rounded, "medal": medal,
-            "any_medal": medal is not None, "above_median": bool(above)}  # fmt: skip
+            "any_medal": medal is not None, "above_median": bool(above),
+            "position_score": (n - p + 1) / n}  # fmt: skip
 
 
 def position(score: float, scores: np.ndarray, higher_is_better: bool) -> int:

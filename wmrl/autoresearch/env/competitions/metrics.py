@@ -26,7 +26,7 @@ and scores the columns one of three ways (``columns``):
            columns, the answers one-hot in the same columns)
 
 Each rule is written out in numpy (tests check them against scikit-learn). ``check_pred`` /
-``check_true`` say why values cannot be scored (a probability row that does not sum to 1, a
+``check_true`` say why values cannot be scored (a probability row of zeros, a
 log of a number <= -1, an AUC column with one class): for a submission that makes it
 INVALID, for a competition's answers the competition is refused when it is imported.
 """
@@ -49,7 +49,7 @@ COLUMNS = ("one", "mean", "rows")
 
 # Probabilities are clipped to [EPS, 1 - EPS] before a log, as Kaggle's log losses do.
 EPS = 1e-15
-# How far a row of class probabilities may sum from 1 (MLE-bench's tolerance).
+# How far a one-hot row of the answers may sum from 1.
 ROW_SUM_TOLERANCE = 1e-6
 
 
@@ -232,6 +232,12 @@ def _rows_sum_to_one(values: np.ndarray) -> str | None:
     return None
 
 
+def _rows_with_mass(values: np.ndarray) -> str | None:
+    if np.any(values.sum(axis=1) <= 0.0):
+        return "a row's class probabilities are all 0 (they are rescaled to sum to 1)"
+    return None
+
+
 def _one_hot_truth(values: np.ndarray) -> str | None:
     if not np.isin(values, (0.0, 1.0)).all() or _rows_sum_to_one(values):
         return "the answers must be one-hot rows (one 1 per row, 0 elsewhere)"
@@ -265,8 +271,10 @@ def _on_mean(rule: Callable) -> Callable:
 
 
 def multiclass_log_loss(y_true, y_prob) -> float:
-    """-mean over rows of sum_c y_c log p_c, p clipped to [EPS, 1 - EPS]; y one-hot."""
-    p = np.clip(np.asarray(y_prob, float), EPS, 1 - EPS)
+    """-mean over rows of sum_c y_c log p_c; y one-hot, p each row divided by its sum (as
+    Kaggle rescales a submission's rows) then clipped to [EPS, 1 - EPS]."""
+    p = np.asarray(y_prob, float)
+    p = np.clip(p / p.sum(axis=1, keepdims=True), EPS, 1 - EPS)
     return float(-np.mean(np.sum(np.asarray(y_true, float) * np.log(p), axis=1)))
 
 
@@ -304,7 +312,7 @@ METRICS: dict[str, CompetitionMetric] = {
         _metric("logloss", binary_log_loss, False, _C, "probabilities", check_true=_binary_truth),
         _metric(
             "multiclass_logloss", multiclass_log_loss, False, _C, "probabilities", "rows",
-            check_pred=_rows_sum_to_one, check_true=_one_hot_truth,
+            check_pred=_rows_with_mass, check_true=_one_hot_truth,
         ),
         _metric("rmse", task_metrics.rmse, False, _R, "numbers"),
         _metric("mse", mse, False, _R, "numbers"),
