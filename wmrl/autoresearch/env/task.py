@@ -17,6 +17,12 @@ repairs instead, saying so in a warning: a ``private/`` that other users may rea
 copied by git or by hand is usually 0755) is made 0700 and its files 0600 when they are
 ours; ``private/`` that is not ours and readable is refused. Whatever the isolation level,
 labels a sandboxed script could open are never graded against.
+
+An imported benchmark competition (MLE-bench, MLE-Dojo: ``competitions``, docs/competitions.md)
+is a task directory of its own kind: its task.json has a ``competition`` block, its
+``private/`` holds the answers and the leaderboards (there is no leaderboard.json), and
+``load_task`` hands it to ``competitions.task_dir.load_competition_task``, which checks it
+and repairs ``private/`` the same way.
 """
 
 from __future__ import annotations
