@@ -240,6 +240,24 @@ def test_a_task_dir_whose_answers_changed_is_refused_at_load(prepared, tmp_path)
         load_task(task_dir)
 
 
+def test_a_malformed_competition_block_is_refused_naming_the_field(prepared, tmp_path):
+    task_dir = tmp_path / "copy"
+    shutil.copytree(prepared[1] / "md-flower-kind", task_dir)
+    meta = json.loads((task_dir / "task.json").read_text())
+    cases = [
+        ({**meta["competition"], "benchmark": "kaggle"}, "competition.benchmark 'kaggle'"),
+        ({**meta["competition"], "answers": "../answers.csv"}, "must be a file name in private/"),
+        ({**meta["competition"], "leaderboards": {"final": "x.csv"}},
+         "competition.leaderboards must map some of ('private', 'public')"),
+        ({k: v for k, v in meta["competition"].items() if k != "columns"}, "lacks ['columns']"),
+    ]  # fmt: skip
+    for block, says in cases:
+        (task_dir / "task.json").write_text(json.dumps({**meta, "competition": block}))
+        with pytest.raises(TaskError) as e:
+            load_task(task_dir)
+        assert says in str(e.value), str(e.value)
+
+
 # -- grading --------------------------------------------------------------------------------
 
 
