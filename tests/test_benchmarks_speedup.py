@@ -438,7 +438,7 @@ def test_benchmark_end_to_end_tiny(tmp_path):
     assert data["real_executions"]["wmrl"] < 8
     for m in ("real", "wmrl"):
         assert [e["step"] for e in data["curves"][m]] == [0, 2]
-        assert (tmp_path / "bench" / m / "summary.json").exists()
+        assert json.loads((tmp_path / "bench" / m / "summary.json").read_text())["mode"] == m
     assert (tmp_path / "bench" / "shared" / "init" / "warmstart" / "done.json").exists()
     assert "time_to_target_ratio" in proc.stdout
 

@@ -1,5 +1,6 @@
 """colabs/embodied.ipynb executes headless on the tiny setting (real and wmrl, 2 RL steps)."""
 
+import json
 import os
 from pathlib import Path
 
@@ -21,5 +22,6 @@ def test_embodied_notebook_executes_tiny_from_scratch(monkeypatch, tmp_path):
     assert "final_heldout_success" in text and "mean within-group AUC" in text
     assert len(images) == 2
     for mode in ("real", "wmrl"):
-        assert (tmp_path / mode / "summary.json").exists()
+        summary = json.loads((tmp_path / mode / "summary.json").read_text())
+        assert summary["mode"] == mode and 0.0 <= summary["final_heldout_success"] <= 1.0
     assert os.path.exists(tmp_path / "init" / "bc" / "done.json")
