@@ -186,3 +186,65 @@ def test_the_trainers_heldout_evaluation_reports_in_the_benchmarks_terms(tmp_pat
     positions = [np.mean([v["position_score"] for v in vs]) for vs in by_task.values()]
     assert bench["position_score"] == pytest.approx(np.mean(positions))
     assert ev["heldout_reward"] is not None
+
+
+def n_better(board, score: float, higher: bool) -> int:
+    """How many of a leaderboard's scores are strictly better than ``score``."""
+    board = np.asarray(board)
+    return int(np.sum(board > score if higher else board < score))
+
+
+class _RefusingPool:
+    def submit(self, *args, **kwargs):
+        raise AssertionError("a journalled held-out execution was executed again")
+
+
+def test_execute_scripts_reports_honest_solutions_and_reuses_the_journal(tmp_path):
+    """Each competition's honest solution and one malformed script (k = 2) through the
+    evaluation's executor on the real pool: the figures match the verdicts worked out here
+    from each solution's score (run outside the sandbox) and the hand-made leaderboards, and a
+    second evaluation at the same step takes the same verdicts from the journal."""
+    import os
+
+    from competition_fixtures import BOARDS, MLEBENCH, SOLUTIONS
+    from test_autoresearch_competitions import import_both
+
+    from wmrl.autoresearch.anchors import open_journal
+    from wmrl.autoresearch.env.competitions.report import VERDICT_FIELDS
+    from wmrl.autoresearch.env.grader import grade_submission
+    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.env.task import load_suite
+    from wmrl.autoresearch.evaluation import execute_scripts, heldout_summary
+
+    tasks = load_suite(import_both(tmp_path / "competitions"))
+    scripts = [s for t in tasks for s in (SOLUTIONS[t.id], "def broken(:\n")]
+    row_tasks = [t for t in tasks for _ in range(2)]
+    journal = open_journal(tmp_path, "heldout")
+    with SandboxPool(num_workers=2) as pool:
+        out = execute_scripts(pool, journal, 0, row_tasks, scripts, kind="eval")
+    bench = heldout_summary(tasks, 2, out["status"], out["reward"], out)["heldout_benchmark"]
+    expected_pos, medals, above = [], [], []
+    for t in tasks:  # the verdict of each honest solution, by hand
+        sub = tmp_path / f"{t.id}.csv"
+        env = {**os.environ, "DATA_DIR": str(t.public_dir), "SUBMISSION_PATH": str(sub)}
+        subprocess.run([sys.executable, "-c", SOLUTIONS[t.id]], env=env, check=True)
+        score = grade_submission(t, sub).score
+        higher = t.id in ("mb-toxic-tags", "md-flower-kind")
+        boards = BOARDS[t.id]
+        pos = np.mean([(len(b) - n_better(b, score, higher)) / len(b) for b in boards.values()])
+        expected_pos.append(pos / 2)  # the malformed script scores 0
+        if t.id in MLEBENCH:
+            board = np.asarray(boards["leaderboard"])
+            bronze = board[19]  # 50 teams: bronze at position 20
+            reaches = round(score, 5) >= bronze if higher else round(score, 5) <= bronze
+            medals.append(0.5 * reaches)
+            median = np.median(board)
+            above.append(0.5 * (score > median if higher else score < median))
+    assert bench["position_score"] == pytest.approx(np.mean(expected_pos))
+    assert bench["any_medal_pct"] == pytest.approx(100 * np.mean(medals))
+    assert bench["above_median_pct"] == pytest.approx(100 * np.mean(above))
+    assert bench["any_medal_pct"] > 0 and bench["position_score"] > 0  # not a vacuous check
+    again = execute_scripts(_RefusingPool(), journal, 0, row_tasks, scripts, kind="eval")
+    journal.close()
+    for name in ("status", "reward", *VERDICT_FIELDS):
+        np.testing.assert_array_equal(again[name], out[name])
