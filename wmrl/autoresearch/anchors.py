@@ -63,9 +63,11 @@ class AnchorJournal:
     def record(
         self, step: int, row: int, script: str, task_id: str, status: int, reward,
         runtime_s: float | None = None, error_type: str | None = None, validation=None,
+        benchmark: dict | None = None,
     ) -> dict:  # fmt: skip
         """Journal one outcome; `runtime_s`, `error_type` and `validation` (the WM's
-        observation targets) are optional, and records of older journals lack them."""
+        observation targets) and `benchmark` (an imported competition's verdict,
+        `ExecutionResult.benchmark`) are optional, and records of older journals lack them."""
         if reward is not None and math.isnan(reward):
             reward = None
         rec = {"step": step, "row": row, "sha": _sha(script), "task_id": task_id,
@@ -76,6 +78,8 @@ class AnchorJournal:
             rec["error_type"] = str(error_type)
         if validation is not None and math.isfinite(validation):
             rec["validation"] = float(validation)
+        if benchmark is not None:
+            rec["benchmark"] = benchmark
         self._w.write([rec])
         self.done[(step, row)] = rec
         return rec

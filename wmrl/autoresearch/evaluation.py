@@ -65,9 +65,12 @@ def execute_scripts(
     (step, i, script) reused instead of executing again, every new outcome journalled; then
     the shares merged so every process returns the same arrays: `status` [n] int32, `reward`
     [n] float64 (exactly the grader's; NaN where ungraded), `new` (executions not taken from
-    a journal, over all processes) and, with `observations` (also journalled), `runtime_s`
-    [n] float64 (NaN where unknown) and `error_type` [n] int32 (index into
+    a journal, over all processes), an imported competition's verdict (also journalled) as
+    `medal`, `above_median` and `position_score` [n] float64 (`competitions.report.
+    verdict_row`: NaN where it does not apply) and, with `observations` (also journalled),
+    `runtime_s` [n] float64 (NaN where unknown) and `error_type` [n] int32 (index into
     `observation.ERROR_TYPES`, -1 where unknown)."""
+    from wmrl.autoresearch.env.competitions.report import VERDICT_FIELDS, verdict_row
     from wmrl.autoresearch.env.observation import ERROR_TYPES
 
     err_index = lambda name: ERROR_TYPES.index(name) if name in ERROR_TYPES else -1
@@ -77,7 +80,14 @@ def execute_scripts(
     out = {
         "status": np.full(n, int(Status.UNGRADED), np.int32),
         "reward": np.full(n, np.nan),  # float64: exactly the grader's rewards
+        **{name: np.full(n, np.nan) for name in VERDICT_FIELDS},
     }
+
+    def verdict(i, status, benchmark) -> None:
+        for name, value in zip(VERDICT_FIELDS, verdict_row(row_tasks[i], status, benchmark),
+                               strict=True):  # fmt: skip
+            out[name][i] = value
+
     if observations:
         out["runtime_s"], out["error_type"] = np.full(n, np.nan), np.full(n, -1, np.int32)
     futs = {}
@@ -88,15 +98,17 @@ def execute_scripts(
             continue
         out["status"][i] = hit["status"]
         out["reward"][i] = np.nan if hit["reward"] is None else hit["reward"]
+        verdict(i, hit["status"], hit.get("benchmark"))
         if observations:
             out["runtime_s"][i] = hit.get("runtime_s", np.nan)
             out["error_type"][i] = err_index(hit.get("error_type"))
     for i, fut in futs.items():
         res = fut.result()
         out["status"][i], out["reward"][i] = int(res.status), res.reward
-        extra = {}
+        verdict(i, res.status, res.benchmark)
+        extra = {"benchmark": res.benchmark}
         if observations:
-            extra = {"runtime_s": res.runtime_s, "error_type": res.error_type}
+            extra |= {"runtime_s": res.runtime_s, "error_type": res.error_type}
             out["runtime_s"][i], out["error_type"][i] = res.runtime_s, err_index(res.error_type)
         journal.record(step, int(i), scripts[i], row_tasks[i].id, res.status, res.reward, **extra)
     journal.flush()
@@ -120,10 +132,14 @@ def heldout_se(per_task: list[float]) -> float | None:
     return float(np.std(m, ddof=1) / np.sqrt(len(m))) if len(m) >= 2 else None
 
 
-def heldout_summary(tasks: list, k: int, status: np.ndarray, reward: np.ndarray) -> dict:
+def heldout_summary(
+    tasks: list, k: int, status: np.ndarray, reward: np.ndarray, verdicts: dict | None = None
+) -> dict:
     """Mean reward (with its standard errors), status rates and per-task means of k scripts
     per held-out task; status [T*k] int, reward [T*k] float64 (NaN where ungraded), task t's
-    scripts at [t*k, (t+1)*k).
+    scripts at [t*k, (t+1)*k). With `verdicts` (`execute_scripts`'s `medal`, `above_median`
+    and `position_score`) and imported competitions among the tasks, `heldout_benchmark` is
+    the evaluation in the benchmarks' own terms (`competitions.report.heldout_benchmark`).
 
     `heldout_reward_se` is `heldout_se` over the tasks with a graded script (between-task
     variance counted; with a single task, the standard error over its scripts);
@@ -139,6 +155,12 @@ def heldout_summary(tasks: list, k: int, status: np.ndarray, reward: np.ndarray)
         float(np.std(reward[graded], ddof=1) / np.sqrt(graded.sum())) if graded.sum() > 1 else None
     )
     task_se = heldout_se([m for m in per_task.values() if m is not None])
+    bench = {}
+    if verdicts is not None:
+        from wmrl.autoresearch.env.competitions.report import heldout_benchmark
+
+        figures = heldout_benchmark(tasks, k, verdicts)
+        bench = {} if figures is None else {"heldout_benchmark": figures}
     return {
         "heldout_reward": float(np.mean(reward[graded])) if graded.any() else None,
         "heldout_reward_se": scripts_se if task_se is None else task_se,
@@ -151,4 +173,5 @@ def heldout_summary(tasks: list, k: int, status: np.ndarray, reward: np.ndarray)
         },
         "heldout_per_task": per_task,
         "heldout_ungraded": int((~graded).sum()),
+        **bench,
     }

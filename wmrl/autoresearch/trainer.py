@@ -506,7 +506,7 @@ class Trainer:
             "step": st.step,
             "wall_time_s": st.wall_time_s,
             "real_executions": st.real_executions,
-            **evaluation.heldout_summary(tasks, k, out["status"], out["reward"]),
+            **evaluation.heldout_summary(tasks, k, out["status"], out["reward"], out),
             "eval_s": time.monotonic() - t0,
             "mean_script_tokens": float(rows["loss_mask"].sum() / len(scripts)),
         }

@@ -209,6 +209,12 @@ def make_episode_task(task: Task, root: str | os.PathLike) -> Task:
     training rows for a validation split."""
     if task.has_validation_split:
         raise TaskError(f"task {task.id} is already an episode task ({task.root})")
+    if task.competition is not None:
+        raise TaskError(
+            f"task {task.id} is an imported {task.competition['benchmark']} competition: "
+            "multi-turn episodes (env.turns > 1) are built on the built-in task format only "
+            "(docs/competitions.md)"
+        )
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / task.id

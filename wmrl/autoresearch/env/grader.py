@@ -171,6 +171,9 @@ class Grade:
     reward: float
     detail: str
     validation: float | None = None  # the raw metric on an episode task's validation rows
+    # An imported competition's verdict in its benchmark's terms (MLE-bench's medal, MLE-Dojo's
+    # position score: ``competitions.leaderboard.benchmark_outcome``); None for other tasks.
+    benchmark: dict | None = None
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "status": int(self.status)}
@@ -285,6 +288,10 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
     path = Path(submission_path)
     if not path.is_file():
         return Grade(Status.NO_SUBMISSION, None, None, reward(Status.NO_SUBMISSION), "no file")
+    if task.competition is not None:  # an imported benchmark competition: its own metric
+        from wmrl.autoresearch.env.competitions.grading import grade_competition  # builds on us
+
+        return grade_competition(task, path)
     labels = _read_str_csv(task.labels_path, None)
     n_test = len(labels)
     validation = None

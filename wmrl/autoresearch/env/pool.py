@@ -260,6 +260,20 @@ def _open_to_slot(workdir: Path, data_dir: Path, uid: int) -> None:
     os.chown(data_dir, uid, uid)
 
 
+def _copy_public(public: Path, data_dir: Path) -> None:
+    """Copy what the namespaces level would bind-mount: every file and directory of the task's
+    ``public/`` (a built task's train.csv, test.csv and description.md; an imported
+    competition's other files too). Symbolic links are copied as links, never followed, so a
+    link planted in ``public/`` cannot copy a file the sandbox uid could not read itself."""
+    for entry in sorted(public.iterdir()):
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry), data_dir / entry.name)
+        elif entry.is_dir():
+            shutil.copytree(entry, data_dir / entry.name, symlinks=True)
+        elif entry.is_file():
+            shutil.copyfile(entry, data_dir / entry.name)
+
+
 def _check_traversable(path: str) -> None:
     """rlimits mode runs scripts as an unprivileged uid that must reach its work dir."""
     p = Path(path)
@@ -513,8 +527,7 @@ class SandboxPool:
             else:  # the script may run as our own user here: give it copies
                 data_dir = workdir / "data"
                 data_dir.mkdir(mode=0o700)
-                for name in ("train.csv", "test.csv", "description.md"):
-                    shutil.copyfile(task.public_dir / name, data_dir / name)
+                _copy_public(task.public_dir, data_dir)
             fd = os.open(workdir / "script.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(source)
@@ -661,6 +674,7 @@ def _result(task: Task, raw: dict, grade: Grade) -> ExecutionResult:
         isolation=raw["isolation"],
         detail=grade.detail,
         validation=grade.validation,
+        benchmark=grade.benchmark,
         error_type=error_type_of(
             raw["stderr_tail"], grade.status, oom_killed=bool(raw.get("oom_killed"))
         ),

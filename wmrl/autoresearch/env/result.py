@@ -26,6 +26,9 @@ class ExecutionResult:
     attempts: int = 1
     validation: float | None = None  # the raw metric on an episode task's validation rows
     error_type: str = "none"  # a RUNTIME_ERROR's exception class (observation.ERROR_TYPES)
+    # An imported competition's verdict in its benchmark's terms (``grader.Grade.benchmark``:
+    # MLE-bench's medal, MLE-Dojo's position score); None for other tasks.
+    benchmark: dict | None = None
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)

@@ -3,7 +3,8 @@
     python -m wmrl.autoresearch.env.run --task=DIR --script=FILE [--isolation=auto]
 
 Fields: status, status_id, reward, score, percentile, runtime_s, stdout_tail,
-stderr_tail, isolation (the level that was active), detail, attempts.
+stderr_tail, isolation (the level that was active), detail, attempts, and on an imported
+competition (docs/competitions.md) benchmark: its benchmark's verdict (medal, position score).
 """
 
 from __future__ import annotations

@@ -17,6 +17,12 @@ repairs instead, saying so in a warning: a ``private/`` that other users may rea
 copied by git or by hand is usually 0755) is made 0700 and its files 0600 when they are
 ours; ``private/`` that is not ours and readable is refused. Whatever the isolation level,
 labels a sandboxed script could open are never graded against.
+
+An imported benchmark competition (MLE-bench, MLE-Dojo: ``competitions``, docs/competitions.md)
+is a task directory of its own kind: its task.json has a ``competition`` block, its
+``private/`` holds the answers and the leaderboards (there is no leaderboard.json), and
+``load_task`` hands it to ``competitions.task_dir.load_competition_task``, which checks it
+and repairs ``private/`` the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from wmrl.autoresearch.env.competitions.metrics import get_competition_metric
 from wmrl.autoresearch.env.ids import canonical_id
 from wmrl.autoresearch.env.metrics import Metric, get_metric
 
@@ -131,9 +138,14 @@ class Task:
     provenance: dict
     split: str
     reference_scores: tuple[float, ...]
+    # An imported benchmark competition's block of task.json (``competitions.task_dir``):
+    # graded by its own metric and leaderboards, not by test_labels.csv and leaderboard.json.
+    competition: dict | None = None
 
     @property
     def metric(self) -> Metric:
+        if self.competition is not None:
+            return get_competition_metric(self.metric_name)
         return get_metric(self.metric_name)
 
     @property
@@ -223,6 +235,10 @@ def load_task(root: str | os.PathLike) -> Task:
     root = Path(root).resolve()
     if not root.is_dir():
         raise TaskError(f"task directory {root} does not exist")
+    from wmrl.autoresearch.env.competitions import task_dir  # it builds on this module
+
+    if task_dir.is_competition_task(root):
+        return task_dir.load_competition_task(root)
     for rel in (
         "task.json",
         "public/train.csv",
