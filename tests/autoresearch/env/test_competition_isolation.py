@@ -27,12 +27,13 @@ from wmrl.autoresearch.env.grader import Status, task_to_json
 from wmrl.autoresearch.env.pool import SandboxPool
 from wmrl.autoresearch.env.task import load_suite
 
+pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
+
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-slot uids need root")
 
 PROBE = """
 import json, os
 
-pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
 found = {}
 for path in json.loads(%r):
     try:

@@ -29,6 +29,8 @@ from wmrl.autoresearch.env.observation import observation_of, render_observation
 from wmrl.autoresearch.env.pool import SandboxPool
 from wmrl.autoresearch.env.task import TaskError, load_task
 
+pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
+
 FEATURES = ["a", "b", "c"]
 
 
@@ -213,7 +215,6 @@ def test_an_execution_on_an_episode_task_reports_reward_and_validation(pool, epi
 SNOOP = """
 import csv, os, sys
 
-pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
 TASK_ROOT = {task_root!r}
 data = os.environ["DATA_DIR"]
 test_ids = set()

@@ -23,6 +23,8 @@ from tests.support.sandbox_checks import rlimits_pool
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.env.task import TaskError, load_task
 
+pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
+
 as_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="rlimits as non-root shares our uid: the labels are readable"
 )
@@ -31,7 +33,6 @@ as_root = pytest.mark.skipif(
 LOOKUP = """
 import os
 
-pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
 with open({labels!r}) as f:
     labels = f.read()
 with open(os.environ["SUBMISSION_PATH"], "w") as f:
