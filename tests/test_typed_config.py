@@ -204,6 +204,37 @@ def test_shared_features_embodied_does_not_run_are_refused_by_name(changes, fiel
     arconfig.validate_autoresearch_config(ar)
 
 
+def multiturn_config():
+    return xconfig.load_config_file(ROOT / "configs" / "autoresearch_multiturn.py")
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"rl.anchor_lag": 1}, "config.rl.anchor_lag"),
+        ({"wm.policy_samples_per_task": 4}, "config.wm.policy_samples_per_task"),
+    ],
+)
+def test_what_does_not_apply_to_multi_turn_episodes_is_refused_by_name(changes, field):
+    """K > 1: an anchor episode's next turn needs its real observation (no lag), and policy
+    samples are single-turn scripts; both are refused rather than ignored. The single-turn
+    config accepts the same settings."""
+    message = refused(arconfig.validate_autoresearch_config, multiturn_config(), changes, field)
+    assert "env.turns=3" in message
+    arconfig.validate_autoresearch_config(xconfig.set_fields(ar_config(), changes))
+
+
+def test_multi_turn_runs_the_shared_features_it_implements():
+    """Adaptive rho, uncertainty routing (on turn 1's WM variance) and the static check run
+    in multi-turn episodes: accepted, and in the trainer's settings."""
+    c = xconfig.set_fields(multiturn_config(), {
+        "correction.adaptive_rho": True, "routing": "uncertainty", "rl.static_check": "compile",
+    })  # fmt: skip
+    tc = arconfig.validate_autoresearch_config(c)
+    assert tc.turns == 3 and tc.adaptive_rho is not None and tc.static_check == "compile"
+    assert tc.routing.uncertainty_share == c.correction.uncertainty_share == 0.5
+
+
 def test_adaptive_rule_parameters_reach_the_trainer():
     c = xconfig.set_fields(ar_config(), {
         "correction.adaptive_rho": True, "correction.corr_low": 0.1, "correction.corr_high": 0.7,
