@@ -164,8 +164,8 @@ def test_k0_is_todays_pipeline(built, tmp_path):
     [
         ({"wm__policy_samples_per_task": -1}, "config.wm.policy_samples_per_task"),
         ({"wm__policy_validation_every": -2}, "config.wm.policy_validation_every"),
-        ({"wm__policy_samples_per_task": 4, "env__turns": 2, "data__max_prompt_len": 400},
-         "config.wm.policy_samples_per_task"),
+        ({"wm__policy_samples_per_task": 4, "env__turns": 2, "data__max_prompt_len": 400,
+          "rl__anchor_lag": 0}, "config.wm.policy_samples_per_task"),
     ],
 )  # fmt: skip
 def test_bad_input_names_the_field(tmp_path, changes, field):
