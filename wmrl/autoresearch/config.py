@@ -35,16 +35,8 @@ from wmrl.core.fidelity import AdaptiveRhoConfig
 from wmrl.core.routing import RoutingConfig, num_anchor_groups
 from wmrl.experiment import config as xconfig
 from wmrl.experiment.config import ConfigHistory, Section, section, setting, subsection
-from wmrl.experiment.sections import (
-    STATIC_CHECKS,
-    CorrectionConfig,
-    RLConfig,
-    RunConfig,
-    rl_seed,
-)
+from wmrl.experiment.sections import CorrectionConfig, RLConfig, RunConfig, rl_seed
 from wmrl.models.config import NAMED_SIZES
-
-__all__ = ["STATIC_CHECKS", "rl_seed"]  # shared, read from here by the AutoResearch code
 
 # The built-in suite's tasks the tiny job trains and evaluates on: every training task (more
 # prompts make a warm start that generalises) and 32 held-out tasks that share the column
@@ -475,7 +467,7 @@ class TrainerConfig:
     new_tokens: int  # N
     turns: int  # K scripts per episode (env.turns; 1 = single-turn)
     anchor_lag: int  # 0 or 1
-    static_check: str  # one of STATIC_CHECKS
+    static_check: str  # one of wmrl.experiment.sections.STATIC_CHECKS
     temperature: float
     normalize_std: bool
     baseline: str
