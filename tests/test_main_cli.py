@@ -10,32 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.main_in_process import check_in_process
+from tests.support.bandit_cli import TINY, run_main
+from tests.support.main_in_process import check_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_main(workdir, *overrides):
-    cmd = [
-        sys.executable,
-        "-m",
-        "wmrl.main",
-        "--config=configs/bandit.py",
-        f"--workdir={workdir}",
-        *overrides,
-    ]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
-
-
-TINY = (
-    "--config.num_seeds=2",
-    "--config.num_steps=40",
-    "--config.log_points=4",
-    "--config.variants=('real','wmrl')",
-)
-
-
+@pytest.mark.real  # a subprocess: the entry point as a user runs it
 def test_tiny_run_writes_artefacts_and_refuses_to_overwrite(tmp_path):
     wd = tmp_path / "run"
     proc = run_main(
@@ -79,7 +60,7 @@ def test_tiny_run_writes_artefacts_and_refuses_to_overwrite(tmp_path):
     ],
 )
 def test_bad_config_names_field_and_writes_nothing(tmp_path, override, field):
-    """The entry point's checks in this process (`tests/main_in_process.py`): the override
+    """The entry point's checks in this process (`tests/support/main_in_process.py`): the override
     parsed as on the command line, exit status 2 and one line naming the field."""
     wd = tmp_path / "bad"
     code, stderr = check_in_process(ROOT / "configs" / "bandit.py", wd, override)
@@ -87,6 +68,7 @@ def test_bad_config_names_field_and_writes_nothing(tmp_path, override, field):
     assert not wd.exists()
 
 
+@pytest.mark.real  # subprocesses (one in its own mount namespace)
 def test_a_workdir_that_cannot_be_written_is_refused_in_one_line(tmp_path):
     """A file in the workdir's place (or above it), or a read-only file system: once a raw
     traceback at the first write; now one line naming --workdir and a non-zero exit."""
