@@ -30,11 +30,11 @@ setup-test: $(VENV)/.installed-test
 run: setup
 	$(PY) -m wmrl.main --config=$(CONFIG) --workdir=$(WORKDIR)
 
-lint: setup
+lint: setup-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-format: setup
+format: setup-test
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 

@@ -7,7 +7,7 @@ once; after every turn but the last it reads an observation (status, error type,
 validation metric on a split carved from the public train.csv; never a test label). The
 trajectory reward is the best turn's ladder reward on the hidden test labels; in WM-scored
 episodes the world model writes every observation. Everything else is the tiny config's
-(configs/autoresearch_tiny.py, the schema), with a prompt budget that holds the history
+(configs/autoresearch_tiny.py), with a prompt budget that holds the history
 (the card, the last script and its observation, the older turns' observations) and a run
 sized for a 2-core CPU (24.6 min end to end on the idle 2-core machine; docs/results.md: the
 cost of each stage).
@@ -17,16 +17,13 @@ Anchors are synchronous for K > 1 (an anchor episode's next turn needs its real 
 `rl.anchor_lag` is 0, and 1 is refused with K > 1.
 """
 
-import importlib.util
 from pathlib import Path
+
+from wmrl.experiment.config import load_config_file
 
 
 def _tiny_config():
-    path = Path(__file__).resolve().parent / "autoresearch_tiny.py"
-    spec = importlib.util.spec_from_file_location("wmrl_config_autoresearch_tiny", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return load_config_file(Path(__file__).with_name("autoresearch_tiny.py"))
 
 
 def get_config():

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import ml_collections
 
-from wmrl.autoresearch.config import load_config_file
-from wmrl.autoresearch.pretrained import pod_config
+from wmrl.experiment.config import load_config_file
 from wmrl.models.config import TransformerConfig
 
 QWEN3_4B = dict(
@@ -35,17 +34,57 @@ QWEN3_4B = dict(
     rope_theta=1_000_000.0, norm_eps=1e-6,
 )  # fmt: skip
 
+# Qwen3's chat format with thinking switched off (what its chat template renders for
+# `enable_thinking=False`): the task card is the user turn, the script the assistant's answer,
+# ended by the tokenizer's EOS (<|im_end|>).
+QWEN3_CHAT_TEMPLATE = (
+    "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+TASKS_PER_STEP, GROUP_SIZE = 16, 4
+
 
 def get_config() -> ml_collections.ConfigDict:
+    """The tiny job's pipeline (configs/autoresearch_tiny.py) with a pretrained model's
+    settings. `model` (the checkpoint's architecture with the run's numerics) is what the AOT
+    check compiles and `pretrained.validate` compares with the checkpoint; the policy step's
+    shape is (rl.tasks_per_step * rl.group_size) x (data.max_prompt_len +
+    data.max_new_tokens) in rl.num_micro_batches chunks. `pretrained.checkpoint` is left
+    empty: the launch command sets it."""
+    from wmrl.autoresearch.env.suite import suite_tasks
+
+    c = load_config_file(Path(__file__).with_name("autoresearch_tiny.py"))
     model = TransformerConfig(**QWEN3_4B, dtype="bfloat16", param_dtype="float32", remat=True)
-    return pod_config(
-        load_config_file(Path(__file__).with_name("autoresearch_tiny.py")),
-        dataclasses.asdict(model),
-        mesh_shape=(-1, 8, 2),
-        tasks_per_step=16,
-        group_size=4,
-        max_prompt_len=512,
-        max_new_tokens=1536,
-        num_micro_batches=2,
-        learning_rate=1e-6,
-    )
+    c.model = dataclasses.asdict(model)
+    c.mesh_shape = (-1, 8, 2)
+    p = c.pretrained
+    p.dtype, p.param_dtype, p.remat = model.dtype, model.param_dtype, model.remat
+    p.wm_trunk = True
+    p.prompt_template = QWEN3_CHAT_TEMPLATE
+    c.suite.tasks = tuple(t.id for t in suite_tasks())  # every built-in task
+    c.suite.workers = 32  # sandbox slots per host (TPU VM hosts have 100+ cores)
+    c.suite.time_limit_s = 60.0
+    c.data.scripts_per_task = 32  # executed: WM pretraining data
+    c.data.sft_scripts_per_task = 64
+    c.data.max_prompt_len = 512
+    c.data.max_new_tokens = 1536
+    c.policy.sft_steps = 200  # teaches the script contract (DATA_DIR, SUBMISSION_PATH)
+    c.policy.sft_batch_size = TASKS_PER_STEP * GROUP_SIZE
+    c.policy.sft_learning_rate = 1e-5
+    c.wm.num_members = 4
+    c.wm.pretrain_steps = 300
+    c.wm.batch_size = TASKS_PER_STEP * GROUP_SIZE
+    c.wm.learning_rate = 1e-5
+    c.wm.online_learning_rate = 2e-6
+    c.wm.replay_size = 4096
+    c.rl.steps = 300
+    c.rl.tasks_per_step = TASKS_PER_STEP
+    c.rl.group_size = GROUP_SIZE
+    c.rl.num_micro_batches = 2
+    c.rl.learning_rate = 1e-6
+    c.rl.kl_coef = 0.01
+    c.rl.temperature = 1.0
+    c.rl.eval_every = 10
+    c.rl.eval_samples = 8
+    c.rl.checkpoint_every = 10
+    c.correction.min_pairs = 64
+    return c

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import ml_collections
 
-from wmrl.autoresearch.config import load_config_file
-from wmrl.autoresearch.pretrained import pod_config
+from wmrl.experiment.config import load_config_file
 from wmrl.models.config import TransformerConfig
 
 QWEN3_8B = dict(
@@ -35,15 +34,12 @@ QWEN3_8B = dict(
 
 
 def get_config() -> ml_collections.ConfigDict:
+    """configs/qwen3_4b.py with the 8B architecture, a wider tensor axis, longer scripts and
+    more micro-batches."""
+    c = load_config_file(Path(__file__).with_name("qwen3_4b.py"))
     model = TransformerConfig(**QWEN3_8B, dtype="bfloat16", param_dtype="float32", remat=True)
-    return pod_config(
-        load_config_file(Path(__file__).with_name("autoresearch_tiny.py")),
-        dataclasses.asdict(model),
-        mesh_shape=(-1, 8, 4),
-        tasks_per_step=16,
-        group_size=4,
-        max_prompt_len=512,
-        max_new_tokens=3584,
-        num_micro_batches=4,
-        learning_rate=1e-6,
-    )
+    c.model = dataclasses.asdict(model)
+    c.mesh_shape = (-1, 8, 4)
+    c.data.max_new_tokens = 3584
+    c.rl.num_micro_batches = 4
+    return c

@@ -1,4 +1,5 @@
-"""`python -m wmrl.main` end to end in a subprocess: artefacts, refusal to overwrite, bad config."""
+"""`python -m wmrl.main` end to end in a subprocess (artefacts, refusal to overwrite, a workdir
+that cannot be written); a bad config is refused by the entry point's checks in process."""
 
 import json
 import os
@@ -10,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.bandit_cli import TINY, run_main
-
-pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
+from tests.support.main_in_process import check_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.real  # a subprocess: the entry point as a user runs it
 def test_tiny_run_writes_artefacts_and_refuses_to_overwrite(tmp_path):
     wd = tmp_path / "run"
     proc = run_main(
@@ -59,13 +60,15 @@ def test_tiny_run_writes_artefacts_and_refuses_to_overwrite(tmp_path):
     ],
 )
 def test_bad_config_names_field_and_writes_nothing(tmp_path, override, field):
+    """The entry point's checks in this process (`tests/support/main_in_process.py`): the override
+    parsed as on the command line, exit status 2 and one line naming the field."""
     wd = tmp_path / "bad"
-    proc = run_main(wd, override)
-    assert proc.returncode != 0
-    assert field in proc.stderr
+    code, stderr = check_in_process(ROOT / "configs" / "bandit.py", wd, override)
+    assert code == 2 and f"error: {field}: " in stderr, stderr
     assert not wd.exists()
 
 
+@pytest.mark.real  # subprocesses (one in its own mount namespace)
 def test_a_workdir_that_cannot_be_written_is_refused_in_one_line(tmp_path):
     """A file in the workdir's place (or above it), or a read-only file system: once a raw
     traceback at the first write; now one line naming --workdir and a non-zero exit."""

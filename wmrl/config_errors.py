@@ -6,4 +6,5 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, problem: str):
         self.field = field
+        self.problem = problem
         super().__init__(f"{field}: {problem}")

@@ -39,7 +39,7 @@ def validate(config) -> None:
     if experiment not in EXPERIMENTS:
         raise ConfigError("config.experiment", f"unknown experiment {experiment!r}")
     if experiment == "bandit":
-        from wmrl.bandits.problem import validate_bandit_config
+        from wmrl.bandits.config import validate_bandit_config
 
         validate_bandit_config(config)
     elif experiment == "autoresearch":
@@ -47,7 +47,7 @@ def validate(config) -> None:
 
         validate_autoresearch_config(config)
     elif experiment == "embodied":
-        from wmrl.embodied.stages import validate_embodied_config
+        from wmrl.embodied.config import validate_embodied_config
 
         validate_embodied_config(config)
 
@@ -97,17 +97,14 @@ def use_all_cpu_cores() -> None:
         os.environ["XLA_FLAGS"] = f"{flags_now} --xla_force_host_platform_device_count={n}".strip()
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    config = _CONFIG.value
-    workdir = storage.workdir_path(_WORKDIR.value)
+def check_run(config, workdir: epath.Path, **cluster_flags):
+    """Everything checked before a run writes or allocates anything: the config (its
+    experiment's typed schema), the cluster (`cluster_flags`: `distributed.detect_cluster`'s
+    arguments), the workdir (writable, not a finished run, not a run of another config). A
+    problem exits with status 2 and one line naming it; returns the cluster."""
     try:
         validate(config)
-        cluster = distributed.detect_cluster(
-            coordinator_address=_COORDINATOR.value,
-            num_processes=_NUM_PROCESSES.value,
-            process_id=_PROCESS_ID.value,
-        )
+        cluster = distributed.detect_cluster(**cluster_flags)
         storage.check_backend(workdir, orbax=config.experiment == "autoresearch")
         check_fresh_workdir(workdir)
         check_writable_workdir(workdir)
@@ -125,6 +122,20 @@ def main(argv: list[str]) -> None:
         logging.error("%s", e)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    return cluster
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    config = _CONFIG.value
+    workdir = storage.workdir_path(_WORKDIR.value)
+    cluster = check_run(
+        config,
+        workdir,
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value,
+    )
     distributed.maybe_initialize(cluster)
     if distributed.writes_outputs(cluster):
         try:

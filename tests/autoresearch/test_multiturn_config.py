@@ -4,13 +4,10 @@ import pytest
 
 from tests.support.rl_fixtures import ROOT, load_config
 from wmrl.autoresearch import history
-from wmrl.autoresearch.config import (
-    config_differences,
-    load_config_file,
-    validate_autoresearch_config,
-)
+from wmrl.autoresearch.config import HISTORY, validate_autoresearch_config
 from wmrl.autoresearch.env.dataset import SEP
 from wmrl.config_errors import ConfigError
+from wmrl.experiment.config import load_config_file
 
 
 def multiturn_config():
@@ -47,10 +44,10 @@ def test_prompt_budget_too_small_for_the_history_is_named():
 def test_runs_saved_before_env_turns_existed_are_single_turn():
     saved = load_config().to_dict()
     del saved["env"]
-    assert config_differences(saved, load_config()) == []
-    assert config_differences(saved, multiturn_config().to_dict()) != []
+    assert HISTORY.differences(saved, load_config()) == []
+    assert HISTORY.differences(saved, multiturn_config().to_dict()) != []
     two = {**load_config().to_dict(), "env": {"turns": 2}}
-    assert "env.turns" in config_differences(saved, two)
+    assert "env.turns" in HISTORY.differences(saved, two)
 
 
 def fits_within(n_chars):

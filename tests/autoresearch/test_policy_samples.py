@@ -146,9 +146,9 @@ def test_k0_is_todays_pipeline(built, tmp_path):
         old = stages._fingerprint(base, stage)
         for k in ("wm.policy_samples_per_task", "wm.policy_validation_every"):
             old.pop(k)
-        assert rlconfig.config_differences(old, stages._fingerprint(base, stage)) == []
+        assert rlconfig.HISTORY.differences(old, stages._fingerprint(base, stage)) == []
         with_k = tiny_config(config.data_dir, init, wm__policy_samples_per_task=8)
-        assert rlconfig.config_differences(old, stages._fingerprint(with_k, stage)) == [
+        assert rlconfig.HISTORY.differences(old, stages._fingerprint(with_k, stage)) == [
             "wm.policy_samples_per_task"
         ]
     shared = base.init_dir

@@ -3,7 +3,7 @@
 A tiny random Qwen3 (the reference implementation, `transformers`) is saved as safetensors
 with a byte-level BPE `tokenizer.json` (its 1,000 ids padded to 1,024 embedding rows, as
 Qwen3 pads its vocabulary) and Qwen3's special tokens. The pod configs' pipeline
-(`pretrained.pod_config`, what configs/qwen3_4b.py builds) then runs warm start, WM
+(configs/qwen3_4b.py, with the tiny checkpoint's architecture) then runs warm start, WM
 pretraining and 2 WMRL steps on a (1, 2, 2) mesh with 2 micro-batches; the test checks the
 weights both models started from against the torch tensors and decodes the prompts the RL
 step trained on with the checkpoint's own tokenizer.
@@ -25,11 +25,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from tests.support.rl_fixtures import ROOT, TINY, load_config, set_fields  # noqa: E402
-from wmrl.autoresearch import pretrained  # noqa: E402
-from wmrl.autoresearch.config import load_config_file, validate_autoresearch_config  # noqa: E402
+from tests.support.rl_fixtures import ROOT, TINY, set_fields  # noqa: E402
+from wmrl.autoresearch.config import validate_autoresearch_config  # noqa: E402
 from wmrl.autoresearch.env import author  # noqa: E402
 from wmrl.config_errors import ConfigError  # noqa: E402
+from wmrl.experiment.config import load_config_file  # noqa: E402
 from wmrl.models.hf_import import config_from_hf  # noqa: E402
 
 pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
@@ -84,17 +84,19 @@ def checkpoint(tmp_path_factory):
 
 
 def pod_tiny_config(ckpt: str, data_dir, init_dir, **changes):
-    """`pretrained.pod_config` for the tiny checkpoint, shrunk to the tiny RL setting."""
+    """configs/qwen3_4b.py with the tiny checkpoint's architecture on a (1, 2, 2) mesh,
+    shrunk to the tiny RL setting (2 tasks x 2 samples, 2 micro-batches)."""
     with open(os.path.join(ckpt, "config.json")) as f:
         model = config_from_hf(json.load(f))
-    c = pretrained.pod_config(
-        load_config(), dataclasses.asdict(model), mesh_shape=(1, 2, 2), tasks_per_step=2,
-        group_size=2, max_prompt_len=P, max_new_tokens=N, num_micro_batches=2,
-        learning_rate=1e-5,
-    )  # fmt: skip
-    keep = ("policy.", "data.max_prompt_len", "data.max_new_tokens", "rl.tasks_per_step")
+    c = load_config_file(ROOT / "configs" / "qwen3_4b.py")
+    c.model = dataclasses.asdict(model)
+    keep = ("policy.", "data.max_prompt_len", "data.max_new_tokens")
     items = {k: v for k, v in TINY.items() if not k.startswith(keep)}
-    items.update({"policy.sft_steps": 2, "policy.sft_batch_size": 4, "wm.pretrain_steps": 0,
+    items.update({"mesh_shape": (1, 2, 2), "data.max_prompt_len": P, "data.max_new_tokens": N,
+                  "rl.num_micro_batches": 2, "rl.learning_rate": 1e-5,
+                  "pretrained.dtype": model.dtype, "pretrained.param_dtype": model.param_dtype,
+                  "pretrained.remat": model.remat, "policy.sft_steps": 2,
+                  "policy.sft_batch_size": 4, "wm.pretrain_steps": 0,
                   "suite.time_limit_s": 20.0, "pretrained.checkpoint": ckpt})  # fmt: skip
     return set_fields(c, items, data_dir, init_dir, changes)
 
@@ -167,7 +169,7 @@ def test_qwen3_configs_policy_step_shapes():
     from wmrl.tools.aot_check import step_shape
 
     for name, shape in (("qwen3_4b", (64, 512 + 1536, 2)), ("qwen3_8b", (64, 512 + 3584, 4))):
-        config = load_config_file(os.path.join(ROOT, "configs", f"{name}.py"))
+        config = load_config_file(ROOT / "configs" / f"{name}.py")
         assert step_shape(config) == shape
         assert config.experiment == "autoresearch" and config.pretrained.wm_trunk
 

@@ -190,8 +190,9 @@ def test_a_saved_config_without_the_new_wm_fields_compares_as_their_legacy_value
     """A run (or stage) saved before `wm.runtime_coef` & co. existed did what those fields at
     0 do: it resumes with them at 0, and differs (named) from a config that turns one on."""
     from tests.support.rl_fixtures import load_config
-    from wmrl.autoresearch.config import config_differences, legacy_hint
+    from wmrl.autoresearch.config import HISTORY
 
+    config_differences, legacy_hint = HISTORY.differences, HISTORY.hint
     config = load_config()
     saved = json.loads(config.to_json_best_effort())
     for k in ("runtime_coef", "error_type_coef", "validation_coef"):

@@ -199,7 +199,7 @@ def test_batched_refit_refits_exactly_the_seeds_that_are_due():
 
 
 def test_old_anchor_fraction_name_still_works_and_says_it_is_rho():
-    from wmrl.bandits.problem import anchor_rho, validate_bandit_config
+    from wmrl.bandits.config import anchor_rho, validate_bandit_config
 
     c = get_config()
     assert anchor_rho(c.bandit) == (0.1, "bandit.rho")

@@ -11,6 +11,7 @@ import pytest
 
 from configs import embodied_push
 from wmrl.config_errors import ConfigError
+from wmrl.embodied import config as econfig
 from wmrl.embodied import env as scene
 from wmrl.embodied import experiment, imagination, rl, rollout, stages
 from wmrl.embodied import policy as pol
@@ -118,7 +119,7 @@ def test_branch_chunks_bad_input_names_the_field(tmp_path):
         c = embodied_push.get_config()
         c.wm.branch_chunks = bad
         with pytest.raises(ConfigError, match=r"config\.wm\.branch_chunks.*\[0, 10\]"):
-            stages.validate_embodied_config(c)
+            econfig.validate_embodied_config(c)
     c = embodied_push.get_config("tiny")
     stage = tmp_path / "wm"
     stage.mkdir()
@@ -132,7 +133,7 @@ def test_branch_chunks_bad_input_names_the_field(tmp_path):
         stages.stage_done(stage, c)
     run = json.loads(embodied_push.get_config("tiny").to_json_best_effort())
     del run["wm"]["branch_chunks"]
-    assert experiment.config_differences(run, embodied_push.get_config("tiny")) == []
+    assert econfig.HISTORY.differences(run, embodied_push.get_config("tiny")) == []
 
 
 @pytest.fixture(scope="module")

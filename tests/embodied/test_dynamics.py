@@ -11,6 +11,7 @@ import pytest
 from configs import embodied_push
 from tests.support.embodied_helpers import stage_saved_without
 from wmrl.config_errors import ConfigError
+from wmrl.embodied import config as econfig
 from wmrl.embodied import env as scene
 from wmrl.embodied import stages
 from wmrl.embodied import world_model as wmodel
@@ -190,19 +191,17 @@ def test_dynamics_config_errors_name_the_field(tmp_path):
     assert c.wm.dynamics == "object"
     c.wm.dynamics = "physics"
     with pytest.raises(ConfigError, match=r"config\.wm\.dynamics"):
-        stages.validate_embodied_config(c)
+        econfig.validate_embodied_config(c)
     c.wm.dynamics = "object"
     c.wm.contact_gate = 0.07
     with pytest.raises(ConfigError, match=r"config\.wm\.contact_gate.*'mlp' only"):
-        stages.validate_embodied_config(c)
+        econfig.validate_embodied_config(c)
     c.wm.dynamics = "mlp"
-    stages.validate_embodied_config(c)
+    econfig.validate_embodied_config(c)
 
 
 def test_stages_and_runs_saved_before_the_field_are_mlp(tmp_path):
     import json
-
-    from wmrl.embodied import experiment
 
     c = embodied_push.get_config("tiny")
     stage = stage_saved_without(tmp_path / "wm", c, "wm.dynamics")
@@ -212,6 +211,6 @@ def test_stages_and_runs_saved_before_the_field_are_mlp(tmp_path):
     assert stages.stage_done(stage, c)["x"] == 1
     run = json.loads(c.to_json_best_effort())
     del run["wm"]["dynamics"]
-    assert experiment.config_differences(run, c) == []
+    assert econfig.HISTORY.differences(run, c) == []
     c.wm.dynamics = "object"
-    assert experiment.config_differences(run, c) == ["wm.dynamics"]
+    assert econfig.HISTORY.differences(run, c) == ["wm.dynamics"]

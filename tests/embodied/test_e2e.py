@@ -17,7 +17,8 @@ import pytest
 from configs import embodied_push
 from wmrl.config_errors import ConfigError
 from wmrl.core import correct, debias, denoise, grpo, routing
-from wmrl.embodied import experiment, rl, stages
+from wmrl.embodied import config as econfig
+from wmrl.embodied import experiment, rl
 
 pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
 
@@ -261,7 +262,7 @@ def test_sample_fusion_resolves_by_mode_and_bad_values_name_the_field():
     c = embodied_push.get_config("tiny")
     c.correction.sample_fusion = "median"
     with pytest.raises(ConfigError, match=r"config\.correction\.sample_fusion.*'median'"):
-        stages.validate_embodied_config(c)
+        econfig.validate_embodied_config(c)
 
 
 def test_a_run_saved_with_auto_fusion_resumes_under_what_auto_meant():
@@ -272,9 +273,9 @@ def test_a_run_saved_with_auto_fusion_resumes_under_what_auto_meant():
         del saved["correction"]["sample_fusion"]  # saved before the field: auto
         for fusion in ("auto", same):
             c.correction.sample_fusion = fusion
-            assert experiment.config_differences(saved, c) == [], (mode, fusion)
+            assert econfig.HISTORY.differences(saved, c) == [], (mode, fusion)
         c.correction.sample_fusion = "mean" if same == "inverse_variance" else "inverse_variance"
-        assert experiment.config_differences(saved, c) == ["correction.sample_fusion"]
+        assert econfig.HISTORY.differences(saved, c) == ["correction.sample_fusion"]
 
 
 def test_sample_fusion_decides_whether_the_members_are_fused(runs, monkeypatch, tmp_path):

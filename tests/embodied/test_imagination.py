@@ -11,6 +11,7 @@ import pytest
 from configs import embodied_push
 from tests.support.embodied_helpers import stage_saved_without
 from wmrl.config_errors import ConfigError
+from wmrl.embodied import config as econfig
 from wmrl.embodied import env as scene
 from wmrl.embodied import imagination, rollout, stages
 from wmrl.embodied import policy as pol
@@ -114,7 +115,7 @@ def test_a_stage_saved_before_the_contact_gate_loads_with_the_gate_off(tmp_path)
         stages.stage_done(stage, c)
     with pytest.raises(ConfigError, match=r"config\.wm\.contact_gate"):
         c.wm.contact_gate = -0.1
-        stages.validate_embodied_config(c)
+        econfig.validate_embodied_config(c)
 
 
 def test_trusted_tokens_stop_at_the_first_disagreement():
@@ -132,11 +133,10 @@ def test_trusted_tokens_stop_at_the_first_disagreement():
 
 
 def test_a_run_saved_before_the_new_fields_resumes_with_them_off():
-    from wmrl.embodied import experiment
 
     c = embodied_push.get_config("tiny")
     saved = json.loads(c.to_json_best_effort())
     del saved["wm"]["contact_gate"], saved["rl"]["wm_trust_spread"]
-    assert experiment.config_differences(saved, c) == []
+    assert econfig.HISTORY.differences(saved, c) == []
     c.rl.wm_trust_spread = 0.01
-    assert experiment.config_differences(saved, c) == ["rl.wm_trust_spread"]
+    assert econfig.HISTORY.differences(saved, c) == ["rl.wm_trust_spread"]

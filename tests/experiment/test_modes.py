@@ -39,11 +39,12 @@ def test_autoresearch_step_settings_are_the_tables(mode, tmp_path):
 @pytest.mark.parametrize("mode", MODES)
 def test_embodied_step_settings_are_the_tables(mode):
     from configs import embodied_push
-    from wmrl.embodied import rl, stages
+    from wmrl.embodied import rl
+    from wmrl.embodied.config import validate_embodied_config
 
     config = embodied_push.get_config("tiny")
     config.mode = mode
-    stages.validate_embodied_config(config)
+    validate_embodied_config(config)
     st = rl.statics_from_config(config)
     spec = MODE_SPECS[mode]
     assert _row(st.spec) == _row(spec)

@@ -4,13 +4,13 @@ checkpoints are built once per session and shared (`data_dir`, `init_dir`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from wmrl.autoresearch.presets import TINY_SETTING
+from wmrl.experiment import config as xconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,10 +18,7 @@ TINY = TINY_SETTING
 
 
 def load_config():
-    spec = importlib.util.spec_from_file_location("cfg", ROOT / "configs" / "autoresearch_tiny.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
+    return xconfig.load_config_file(ROOT / "configs" / "autoresearch_tiny.py")
 
 
 def set_fields(c, items: dict, data_dir, init_dir, changes: dict):
@@ -29,13 +26,7 @@ def set_fields(c, items: dict, data_dir, init_dir, changes: dict):
     rl__steps=3), then the shared `data_dir` and `init_dir`."""
     items = {**items, **{k.replace("__", "."): v for k, v in changes.items()}}
     items["data_dir"], items["init_dir"] = str(data_dir), str(init_dir)
-    for key, value in items.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
+    return xconfig.set_fields(c, items)
 
 
 def tiny_config(data_dir, init_dir, **changes):

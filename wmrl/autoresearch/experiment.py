@@ -65,7 +65,7 @@ from wmrl.autoresearch import config as rlconfig
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch import model_setup, stages
 from wmrl.autoresearch.plots import plot_run
-from wmrl.config_errors import ConfigError
+from wmrl.experiment import config as xconfig
 from wmrl.jsonl import StepLog, read_jsonl
 
 # How long the other processes wait for process 0's data stage (it executes the corpus).
@@ -106,20 +106,9 @@ def is_finished(workdir: str | os.PathLike) -> bool:
 
 
 def check_resumable(config, workdir: str | os.PathLike) -> None:
-    """A workdir that holds a run with a different config is refused, naming the fields."""
-    workdir = epath.Path(workdir)
-    saved = workdir / "config.json"
-    if not saved.exists():
-        return
-    before = json.loads(saved.read_text())
-    diff = rlconfig.config_differences(before, config)
-    if diff:
-        raise ConfigError(
-            "config",
-            f"{workdir} holds a run with a different config (fields: {', '.join(diff)}); "
-            "resume it with the same config or choose a new --workdir"
-            + rlconfig.legacy_hint(before, diff),
-        )
+    """A workdir that holds a run with a different config is refused, naming the fields
+    (`wmrl.autoresearch.config.HISTORY`: what fields saved runs predate, or renamed)."""
+    xconfig.check_resumable(rlconfig.HISTORY, config, workdir)
 
 
 class _Log:

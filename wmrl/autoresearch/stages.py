@@ -23,12 +23,13 @@ from tqdm import tqdm
 from wmrl import distributed, storage
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch import model_setup, pretrained
-from wmrl.autoresearch.config import config_differences, config_field, legacy_hint
+from wmrl.autoresearch.config import HISTORY
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.env.observation import ERROR_TYPES
 from wmrl.autoresearch.env.suite import SUITE_VERSION
 from wmrl.config_errors import ConfigError
 from wmrl.core.stats import interval_ece, spearman
+from wmrl.experiment.config import check_stage, get_field, plain
 from wmrl.jsonl import read_jsonl
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
@@ -69,8 +70,7 @@ def stages_done(config, init_dir) -> bool:
 def _fingerprint(config, stage: str) -> dict:
     out = {}
     for field in STAGE_FIELDS[stage]:
-        node = config_field(config, field)
-        out[field] = json.loads(json.dumps(node.to_dict() if hasattr(node, "to_dict") else node))
+        out[field] = plain(get_field(config, field))
     if not config.suite.dir:  # built-in tasks: their rows are the builder's version's
         out["suite_version"] = SUITE_VERSION
     if config.env.turns > 1:  # multi-turn stages train on episodes; single-turn ones as before
@@ -85,14 +85,7 @@ def _done(stage_dir: epath.Path, config) -> dict | None:
     if not path.exists():
         return None
     report = json.loads(path.read_text())
-    saved = report.get("config", {})
-    diff = config_differences(saved, _fingerprint(config, stage_dir.name))
-    if diff:
-        raise ConfigError(
-            "config.init_dir",
-            f"{stage_dir} was made with a different config (fields: {', '.join(diff)}); "
-            "use another init_dir or the same settings" + legacy_hint(saved, diff),
-        )
+    check_stage(HISTORY, stage_dir, report.get("config", {}), _fingerprint(config, stage_dir.name))
     return report
 
 

@@ -13,7 +13,7 @@ from absl import logging
 from etils import epath
 from jax.sharding import PartitionSpec as P
 
-from wmrl.bandits.problem import validate_bandit_config
+from wmrl.bandits.config import validate_bandit_config
 from wmrl.bandits.train import logged_steps, make_train, output_specs
 
 

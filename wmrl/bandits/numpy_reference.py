@@ -13,7 +13,7 @@ import math
 import ml_collections
 import numpy as np
 
-from wmrl.bandits.problem import anchor_rho
+from wmrl.bandits.config import anchor_rho
 from wmrl.bandits.train import VARIANT_SPECS
 from wmrl.core.denoise import DenoiseConfig
 

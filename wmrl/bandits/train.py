@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import PartitionSpec as P
 
-from wmrl.bandits.problem import BanditProblem, anchor_rho, make_problem
+from wmrl.bandits.config import anchor_rho
+from wmrl.bandits.problem import BanditProblem, make_problem
 from wmrl.core import correct, debias, denoise, grpo, routing
 from wmrl.core.correct import MODE_SPECS, ModeSpec
 from wmrl.core.state import CorrectionState, init_correction_state

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-from wmrl.autoresearch.config import load_config_file
 from wmrl.benchmarks.common import machine
 from wmrl.embodied import experiment
+from wmrl.experiment.config import get_field, load_config_file, set_fields
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "embodied_push.py"
 
@@ -104,13 +104,9 @@ def apply_overrides(c, overrides) -> None:
         name, sep, text = item.partition("=")
         if name in FLAG_FIELDS:
             raise ValueError(f"--set={item}: config.{name} is set by {FLAG_FIELDS[name]}")
-        *path, leaf = name.split(".")
-        node = c
         try:
-            for part in path:
-                node = node[part]
-            old = node[leaf]
-        except (KeyError, AttributeError, TypeError):
+            old = get_field(c, name)
+        except (KeyError, AttributeError, TypeError, ValueError):
             raise ValueError(f"--set={item}: no config field {name!r}") from None
         if not sep or isinstance(old, (dict, list, tuple)) or hasattr(old, "to_dict"):
             raise ValueError(f"--set={item}: expected field=value for a scalar field")
@@ -125,7 +121,7 @@ def apply_overrides(c, overrides) -> None:
             raise ValueError(
                 f"--set={item}: {text!r} is not of type {type(old).__name__} (config.{name})"
             ) from None
-        node[leaf] = value
+        set_fields(c, {name: value})
 
 
 def make_config(

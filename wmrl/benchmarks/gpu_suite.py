@@ -131,7 +131,7 @@ def run_env(opts, part: Part) -> dict:
 
 
 def _model_config(path: str):
-    from wmrl.autoresearch.config import load_config_file
+    from wmrl.experiment.config import load_config_file
 
     return load_config_file(ROOT / path)
 

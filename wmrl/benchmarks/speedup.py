@@ -97,6 +97,7 @@ from wmrl.benchmarks.speedup_runner import (
     shared_config,
 )
 from wmrl.core.stats import mean_ci95
+from wmrl.experiment.config import flatten, plain
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,13 +145,10 @@ FIRST_SEED_KEYS = ("curves", "config", "machine", "budget_s")
 # -- the report ----------------------------------------------------------------------------
 
 
-def _get(config, dotted: str):
-    node = config
-    for part in dotted.split("."):
-        node = node.get(part) if hasattr(node, "get") else None
-        if node is None:
-            return None
-    return list(node) if isinstance(node, tuple) else node
+def _config_fields(config) -> dict:
+    """`CONFIG_KEYS` of a config (None for a field it does not have)."""
+    flat = flatten(plain(config))
+    return {k: flat.get(k) for k in CONFIG_KEYS}
 
 
 def machine(runs: dict | None = None) -> dict:
@@ -234,7 +232,7 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
         },
         "curves": curves,
         "budget_s": budget_s,
-        "config": {k: _get(config, k) for k in CONFIG_KEYS} if config is not None else None,
+        "config": _config_fields(config) if config is not None else None,
         "machine": machine(runs),
     }
 

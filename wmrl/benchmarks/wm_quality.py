@@ -48,6 +48,7 @@ from ml_collections import config_flags
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch import model_setup, stages
 from wmrl.benchmarks.common import machine
+from wmrl.experiment.config import set_fields
 
 NO_RT = {"wm.runtime_coef": 0.0}
 VARIANTS = {
@@ -77,11 +78,7 @@ _POLICY_SAMPLES = flags.DEFINE_integer(
 
 
 def variant_config(config, overrides: dict):
-    c = config.copy_and_resolve_references()
-    for field, value in overrides.items():
-        section, name = field.split(".")
-        c[section][name] = value
-    return c
+    return set_fields(config.copy_and_resolve_references(), overrides)
 
 
 def warm_started(config, prepared, warm_dir: Path):

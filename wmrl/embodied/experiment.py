@@ -31,67 +31,20 @@ import jax
 import numpy as np
 import optax
 
-from wmrl.config_errors import ConfigError
-from wmrl.core.correct import resolve_fusion
 from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import rl, rollout, stages
 from wmrl.embodied import world_model as wmodel
+from wmrl.embodied.config import HISTORY, validate_embodied_config
+from wmrl.experiment import config as xconfig
+from wmrl.experiment.sections import rl_seed
 from wmrl.jsonl import StepLog, read_jsonl
-
-
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-# Config fields added after runs were saved: a run without one was made with this value.
-LEGACY_DEFAULTS = {
-    "wm.contact_gate": 0.0,
-    "rl.wm_trust_spread": 0.0,
-    "wm.branch_chunks": 0,
-    "wm.dynamics": "mlp",
-    "correction.sample_fusion": "auto",
-}
-
-
-def _resolved(flat: dict) -> dict:
-    """Compared by what a field does: `correction.sample_fusion` resolved for the mode (a run
-    saved with `auto` resumes under the value `auto` resolves to); `image.*` only where the
-    policy reads images (a state run, saved before the fields or not, ignores them)."""
-    if flat.get("mode") in rl.LEGACY_MODE_NAMES:  # the control, saved under its old name
-        flat = {**flat, "mode": rl.LEGACY_MODE_NAMES[flat["mode"]]}
-    if flat.get("obs", "state") != "image":
-        flat = {k: v for k, v in flat.items() if not k.startswith("image.")}
-    if "correction.sample_fusion" in flat and flat.get("mode") in rl.MODE_SPECS:
-        fused = resolve_fusion(flat["correction.sample_fusion"], rl.MODE_SPECS[flat["mode"]])
-        flat["correction.sample_fusion"] = "inverse_variance" if fused else "mean"
-    return flat
-
-
-def config_differences(saved: dict, config) -> list[str]:
-    a = _resolved({**LEGACY_DEFAULTS, **_flat(saved)})
-    b = _resolved(_flat(json.loads(config.to_json_best_effort())))
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def check_resumable(config, workdir, ignore: tuple[str, ...] = ()) -> None:
     """A workdir holding a run with another config is refused, naming the fields (those in
-    `ignore`, flat names like `init_dir`, are not compared)."""
-    saved = Path(workdir) / "config.json"
-    if not saved.exists():
-        return
-    diff = [k for k in config_differences(json.loads(saved.read_text()), config) if k not in ignore]
-    if diff:
-        raise ConfigError(
-            "config",
-            f"{workdir} holds a run with a different config (fields: {', '.join(diff)}); "
-            "resume it with the same config or choose a new --workdir",
-        )
+    `ignore`, flat names like `init_dir`, are not compared; `wmrl.embodied.config.HISTORY`:
+    what fields saved runs predate)."""
+    xconfig.check_resumable(HISTORY, config, workdir, ignore)
 
 
 def evaluate(trainer: rl.Trainer, params, starts, seed: int) -> dict:
@@ -112,7 +65,7 @@ def latest_checkpoint(ck_dir: Path) -> int | None:
 
 
 def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> dict:
-    stages.validate_embodied_config(config)
+    validate_embodied_config(config)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     init = Path(config.init_dir) if config.init_dir else workdir / "init"
@@ -140,7 +93,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         ref_params=bc_params,
         pool=pool,
         train_tasks=train_tasks,
-        seed=config.seed * 1000 + config.rl.seed,
+        seed=config.seed * 1000 + rl_seed(config),
         policy_tx=policy_tx,
         wm_tx=wm_tx,
         wm_online_steps=config.wm.online_steps,

@@ -40,6 +40,7 @@ from wmrl.embodied import env as scene
 from wmrl.embodied import policy as pol
 from wmrl.embodied import rollout
 from wmrl.embodied import world_model as wmodel
+from wmrl.experiment.config import set_fields
 
 
 def execute_actions(pool: rollout.EnvPool, starts, actions: np.ndarray) -> np.ndarray:
@@ -329,11 +330,7 @@ def main(argv=None) -> dict:
     config = embodied_push.get_config(a.config_arg or None)
     for item in a.set:
         field, _, value = item.partition("=")
-        node, *path = field.split(".")
-        parent = config
-        for part in [node, *path][:-1]:
-            parent = parent[part]
-        parent[field.split(".")[-1]] = ast.literal_eval(value)
+        set_fields(config, {field: ast.literal_eval(value)})
     init = Path(a.init_dir)
     spec = stages.env_spec(config)
     pool = rollout.EnvPool(spec)

@@ -49,8 +49,6 @@ from wmrl.experiment.step import PhaseClock, StepKeys, run_step
 # every experiment. `static_anchors` is the constant-score control; this setting has no
 # static check, so it is the same anchors with one shared score for every WM episode.
 MODE_SPECS = correct.MODE_SPECS
-# The control's name before the experiments shared one table (saved configs may hold it).
-LEGACY_MODE_NAMES = {"constant_wm": "static_anchors"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,39 +93,30 @@ class RLStatics:
 
 
 def statics_from_config(config) -> RLStatics:
-    cc = config.correction
+    """The step's settings from a config (a ConfigDict, validated, or the typed config)."""
+    from wmrl.embodied.config import parse_config
+
+    cfg = parse_config(config)
+    cc = cfg.correction
     return RLStatics(
-        mode=config.mode,
-        groups=config.rl.groups_per_step,
-        group_size=config.rl.group_size,
-        chunk=config.policy.chunk,
-        episode_len=config.env.episode_len,
-        temperature=config.rl.temperature,
-        clip_eps=config.rl.clip_eps,
-        kl_coef=config.rl.kl_coef,
-        normalize_std=config.rl.normalize_std,
-        ppo_epochs=config.rl.ppo_epochs,
-        push_distance=config.env.push_distance,
-        contact_gate=config.wm.contact_gate,
-        wm_trust_spread=config.rl.wm_trust_spread,
-        branch_chunks=config.wm.branch_chunks,
-        sample_fusion=config.correction.sample_fusion,
+        mode=cfg.mode,
+        groups=cfg.rl.groups_per_step,
+        group_size=cfg.rl.group_size,
+        chunk=cfg.policy.chunk,
+        episode_len=cfg.env.episode_len,
+        temperature=cfg.rl.temperature,
+        clip_eps=cfg.rl.clip_eps,
+        kl_coef=cfg.rl.kl_coef,
+        normalize_std=cfg.rl.normalize_std,
+        ppo_epochs=cfg.rl.ppo_epochs,
+        push_distance=cfg.env.push_distance,
+        contact_gate=cfg.wm.contact_gate,
+        wm_trust_spread=cfg.rl.wm_trust_spread,
+        branch_chunks=cfg.wm.branch_chunks,
+        sample_fusion=cc.sample_fusion,
         routing=routing.RoutingConfig(rho=cc.rho, min_groups=cc.min_groups),
-        debias=debias.DebiasConfig(
-            mode=cc.debias if MODE_SPECS[config.mode].debias else "none",
-            num_keys=12,
-            capacity=cc.capacity,
-            num_bins=cc.num_bins,
-            min_pairs=cc.min_pairs,
-            refit_every=cc.refit_every,
-            reward_range=(0.0, 1.0),
-        ),
-        denoise=denoise.DenoiseConfig(
-            half_life=cc.denoise_half_life,
-            warmup_groups=cc.denoise_warmup_groups,
-            target=cc.denoise_target,
-            w_max=cc.denoise_w_max,
-        ),
+        debias=cc.debias_config(cc.debias if MODE_SPECS[cfg.mode].debias else "none", num_keys=12),
+        denoise=cc.denoise_config(),
     )
 
 

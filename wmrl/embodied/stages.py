@@ -1,4 +1,4 @@
-"""Config validation and the stages before RL, each saved once and reused:
+"""The stages before RL, each saved once and reused:
 
     demos/  expert demonstrations (real episodes of the waypoint controller)
     bc/     the behaviour-cloned chunk policy
@@ -21,15 +21,13 @@ import numpy as np
 import optax
 
 from wmrl.config_errors import ConfigError
-from wmrl.core.correct import SAMPLE_FUSIONS
 from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import env as scene
 from wmrl.embodied import policy as pol
 from wmrl.embodied import render, rollout
-from wmrl.embodied import rl as erl
 from wmrl.embodied import world_model as wmodel
-
-MODES = tuple(erl.MODE_SPECS)
+from wmrl.embodied.config import HISTORY
+from wmrl.experiment.config import check_stage, get_field, plain
 
 STAGE_FIELDS = {
     "demos": ("seed", "env", "tasks", "demos"),
@@ -57,118 +55,6 @@ STAGE_FIELDS = {
         "wm.learning_rate",
     ),
 }
-
-
-# Fields added after stages were saved: a stage without one was made with this value.
-STAGE_FIELD_DEFAULTS = {
-    "wm.contact_gate": 0.0,
-    "wm.branch_chunks": 0,
-    "wm.dynamics": "mlp",
-    "obs": "state",
-}
-OBSERVATIONS = ("state", "image")
-
-
-def validate_embodied_config(config) -> None:
-    """Bad input -> ConfigError naming the field."""
-    if config.mode in erl.LEGACY_MODE_NAMES:
-        raise ConfigError(
-            "config.mode",
-            f"{config.mode!r} is now called {erl.LEGACY_MODE_NAMES[config.mode]!r} (the control's "
-            "one name in every experiment)",
-        )
-    if config.mode not in MODES:
-        raise ConfigError("config.mode", f"must be one of {list(MODES)}, got {config.mode!r}")
-    if config.obs not in OBSERVATIONS:
-        raise ConfigError("config.obs", f"must be one of {list(OBSERVATIONS)}, got {config.obs!r}")
-    if config.obs == "image":
-        image_spec(config)
-    colours = tuple(config.env.colours)
-    bad = [c for c in colours if c not in scene.COLOURS]
-    if bad or len(set(colours)) != 3 or len(colours) != 3:
-        raise ConfigError(
-            "config.env.colours",
-            f"the scene has three blocks from {list(scene.COLOURS)}, got {colours}",
-        )
-    T, H = config.env.episode_len, config.policy.chunk
-    if H < 1:
-        raise ConfigError("config.policy.chunk", f"must be >= 1, got {H}")
-    if H > T:
-        raise ConfigError(
-            "config.policy.chunk",
-            f"an action chunk of {H} is longer than the episode ({T} actions, "
-            "config.env.episode_len)",
-        )
-    if T % H:
-        raise ConfigError("config.policy.chunk", f"must divide env.episode_len={T}, got {H}")
-    tasks_of(config)
-    rl = config.rl
-    for name in (
-        "steps",
-        "groups_per_step",
-        "group_size",
-        "eval_episodes",
-        "eval_every",
-        "checkpoint_every",
-        "ppo_epochs",
-    ):
-        if rl[name] < 1:
-            raise ConfigError(f"config.rl.{name}", f"must be >= 1, got {rl[name]}")
-    if not 0.0 <= config.correction.rho <= 1.0:
-        raise ConfigError(
-            "config.correction.rho", f"must be in [0, 1], got {config.correction.rho}"
-        )
-    if config.correction.debias != "monotone":
-        # Keyed offsets by task would cancel inside a group (all G rollouts share the task).
-        raise ConfigError(
-            "config.correction.debias",
-            f"only 'monotone' applies here (a group shares one task), got "
-            f"{config.correction.debias!r}",
-        )
-    if config.correction.sample_fusion not in SAMPLE_FUSIONS:
-        raise ConfigError(
-            "config.correction.sample_fusion",
-            f"must be one of {list(SAMPLE_FUSIONS)}, got {config.correction.sample_fusion!r}",
-        )
-    if config.wm.head_inputs not in wmodel.HEAD_WIDTHS:
-        raise ConfigError(
-            "config.wm.head_inputs",
-            f"must be one of {list(wmodel.HEAD_WIDTHS)}, got {config.wm.head_inputs!r}",
-        )
-    if config.wm.dynamics not in wmodel.DYNAMICS:
-        raise ConfigError(
-            "config.wm.dynamics",
-            f"must be one of {list(wmodel.DYNAMICS)}, got {config.wm.dynamics!r}",
-        )
-    if not 0.0 <= config.wm.contact_gate < 1.0:
-        raise ConfigError(
-            "config.wm.contact_gate",
-            f"a distance in m in [0, 1) (0 = off), got {config.wm.contact_gate}",
-        )
-    if config.wm.contact_gate > 0 and config.wm.dynamics != "mlp":
-        raise ConfigError(
-            "config.wm.contact_gate",
-            f"applies to wm.dynamics='mlp' only (the {config.wm.dynamics!r} dynamics gate every "
-            "block by the pusher's swept path); set it to 0",
-        )
-    for name, low in (("replay_size", 1), ("online_steps", 0)):
-        v = config.wm[name]
-        if not isinstance(v, int) or isinstance(v, bool) or v < low:
-            raise ConfigError(f"config.wm.{name}", f"an integer >= {low}, got {v!r}")
-    bc = config.wm.branch_chunks
-    if not isinstance(bc, int) or not 0 <= bc <= T // H:
-        raise ConfigError(
-            "config.wm.branch_chunks",
-            f"chunks per imagined branch, an integer in [0, {T // H}] (the episode's chunks; "
-            f"0 = whole imagined episodes), got {bc!r}",
-        )
-    if config.rl.wm_trust_spread < 0:
-        raise ConfigError(
-            "config.rl.wm_trust_spread",
-            f"a distance in m >= 0 (0 = off), got {config.rl.wm_trust_spread}",
-        )
-    if config.env.real_episode_cost_s < 0:
-        raise ConfigError("config.env.real_episode_cost_s", "must be >= 0")
 
 
 def tasks_of(config) -> tuple[list[scene.Task], list[scene.Task]]:
@@ -213,23 +99,9 @@ def policy_spec(config) -> pol.PolicySpec:
 
 
 def image_spec(config) -> render.ImageSpec:
-    """`config.image` (read with obs = "image"); bad values name the field."""
+    """`config.image` (read with obs = "image"; its values are checked by the schema,
+    `wmrl.embodied.config.ImageConfig`)."""
     im = config.image
-    for name in ("pixels", "patch"):
-        if not isinstance(im[name], int) or im[name] < 1:
-            raise ConfigError(f"config.image.{name}", f"must be an integer >= 1, got {im[name]!r}")
-    if im.pixels % im.patch:
-        raise ConfigError(
-            "config.image.patch", f"must divide config.image.pixels={im.pixels}, got {im.patch}"
-        )
-    if not im.extent > 0:  # also refuses NaN
-        raise ConfigError("config.image.extent", f"must be > 0 (m), got {im.extent}")
-    if not isinstance(im.film, bool):
-        raise ConfigError("config.image.film", f"must be True or False, got {im.film!r}")
-    if not 0.0 <= im.bc_shift < im.extent:
-        raise ConfigError(
-            "config.image.bc_shift", f"must be in [0, image.extent) (m), got {im.bc_shift}"
-        )
     return render.ImageSpec(
         pixels=im.pixels,
         patch=im.patch,
@@ -266,33 +138,21 @@ def value_horizon(config) -> int:
     return config.wm.branch_chunks * config.policy.chunk
 
 
-def _field(config, dotted):
-    node = config
-    for part in dotted.split("."):
-        node = node[part]
-    return json.loads(json.dumps(node.to_dict() if hasattr(node, "to_dict") else node))
-
-
 def fingerprint(config, stage: str) -> dict:
     """The fields a stage depends on (`image` only where the policy reads images)."""
     fields = [f for f in STAGE_FIELDS[stage] if f != "image" or config.obs == "image"]
-    return {f: _field(config, f) for f in fields}
+    return {f: plain(get_field(config, f)) for f in fields}
 
 
 def stage_done(stage_dir: Path, config) -> dict | None:
+    """The stage's report if it completed with this config; one made with another config is
+    refused, naming the fields (`wmrl.embodied.config.HISTORY`: fields stages predate)."""
     path = Path(stage_dir) / "done.json"
     if not path.exists():
         return None
     report = json.loads(path.read_text())
     want = fingerprint(config, Path(stage_dir).name)
-    saved = {**STAGE_FIELD_DEFAULTS, **report.get("config", {})}
-    diff = sorted(k for k in want if saved.get(k) != want[k])
-    if diff:
-        raise ConfigError(
-            "config.init_dir",
-            f"{stage_dir} was made with a different config (fields: {', '.join(diff)}); "
-            "use another init_dir or the same settings",
-        )
+    check_stage(HISTORY, stage_dir, report.get("config", {}), want)
     return report
 
 

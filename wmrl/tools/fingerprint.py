@@ -70,24 +70,17 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def tiny_autoresearch_config(shared: Path, **fields):
     """`configs/autoresearch_tiny.py` at the tests' tiny setting (`presets.TINY_SETTING`),
     then `fields` (dotted names), with its data and init stages under `shared`."""
-    from wmrl.autoresearch.config import load_config_file
     from wmrl.autoresearch.presets import TINY_SETTING
+    from wmrl.experiment.config import load_config_file, set_fields
 
     config = load_config_file(CONFIGS / "autoresearch_tiny.py")
-    items = {**TINY_SETTING, **fields, "data_dir": str(shared / "data"),
-             "init_dir": str(shared / "init")}  # fmt: skip
-    for key, value in items.items():
-        *parents, leaf = key.split(".")
-        node = config
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
-    return config
+    return set_fields(config, {**TINY_SETTING, **fields, "data_dir": str(shared / "data"),
+                               "init_dir": str(shared / "init")})  # fmt: skip
 
 
 def bandit_fingerprint() -> dict:
-    from wmrl.autoresearch.config import load_config_file
     from wmrl.bandits.experiment import run_suite
+    from wmrl.experiment.config import load_config_file
 
     config = load_config_file(CONFIGS / "bandit.py")
     config.num_seeds, config.num_steps, config.log_points = 4, 300, 10
@@ -164,8 +157,8 @@ def multiturn_fingerprint(root: Path, shared: Path) -> dict:
 
 def embodied_fingerprint(root: Path, shared: Path) -> dict:
     """Two embodied RL steps (configs/embodied_push.py:tiny) per mode of `EMBODIED_MODES`."""
-    from wmrl.autoresearch.config import load_config_file
     from wmrl.embodied.experiment import run
+    from wmrl.experiment.config import load_config_file
 
     out = {}
     for mode in EMBODIED_MODES:

@@ -42,7 +42,7 @@ TOLERANCE = {"float32": 1e-2, "bfloat16": 4e-2}
 def rl_config(artefacts: Path, dry_run: bool, steps: int | None = None):
     """configs/autoresearch_tiny.py (the dry-run sizes with `dry_run`) starting from the
     artefacts' `data_dir` and `init_dir`, evaluated at its start and end only."""
-    from wmrl.autoresearch.config import load_config_file
+    from wmrl.experiment.config import load_config_file, set_fields
 
     c = load_config_file(ROOT / "configs" / "autoresearch_tiny.py")
     items = dict(DRY_RUN_RL) if dry_run else {}
@@ -50,13 +50,7 @@ def rl_config(artefacts: Path, dry_run: bool, steps: int | None = None):
     items["init_dir"] = str(Path(artefacts).resolve() / "init")
     if steps is not None:
         items.update({"rl.steps": steps, "rl.eval_every": steps, "rl.checkpoint_every": steps})
-    for key, value in items.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
+    return set_fields(c, items)
 
 
 def missing_stages(artefacts: Path) -> list[str]:
