@@ -25,20 +25,13 @@ held-out reward; the report command above gives them over seeds, mean ± one sta
 On a pod from Qwen3-4B: configs/autoresearch_mle_qwen3_4b.py.
 """
 
-import importlib.util
 from pathlib import Path
 
-
-def _tiny_config():
-    path = Path(__file__).resolve().parent / "autoresearch_tiny.py"
-    spec = importlib.util.spec_from_file_location("wmrl_config_autoresearch_tiny", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+from wmrl.experiment.config import load_config_file
 
 
 def get_config():
-    c = _tiny_config()
+    c = load_config_file(Path(__file__).with_name("autoresearch_tiny.py"))
     c.suite.dir = "competitions"  # the import's --out (task dirs + suite.json)
     c.suite.time_limit_s = 120.0  # caps each competition's own limit (the import's --time_limit)
     c.data.max_prompt_len = 160  # a competition card's facts, submission columns included

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from wmrl.autoresearch.config import load_config_file, validate_autoresearch_config
+from wmrl.autoresearch.config import validate_autoresearch_config
 from wmrl.config_errors import ConfigError
+from wmrl.experiment.config import load_config_file
 
 ROOT = Path(__file__).resolve().parents[3]
 
