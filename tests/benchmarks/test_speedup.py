@@ -347,7 +347,7 @@ def t_interval(xs):
 
 
 def test_mean_ci95_hand_numbers():
-    from wmrl.core.stats import mean_ci95
+    from wmrl.experiment.stats import mean_ci95
 
     got = mean_ci95([0.1, 0.3, 0.8])
     # mean 0.4, sd sqrt(0.13), half-width 4.3027 * sqrt(0.13 / 3) = 0.8957

@@ -28,7 +28,7 @@ from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.env.observation import ERROR_TYPES
 from wmrl.autoresearch.env.suite import SUITE_VERSION
 from wmrl.config_errors import ConfigError
-from wmrl.core.stats import interval_ece, spearman
+from wmrl.core.stats import auc, interval_ece, spearman
 from wmrl.jsonl import read_jsonl
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
@@ -290,7 +290,7 @@ def policy_samples(config, prepared, policy: model_setup.Model, params, stage_di
     try:
         with make_executor(config.suite, seed=config.seed) as pool:
             out = evaluation.execute_scripts(
-                pool, journal, 0, row_tasks, scripts, kind=POLICY_SAMPLES, observations=True
+                pool, journal, 0, row_tasks, scripts, kind=POLICY_SAMPLES
             )
     finally:
         journal.close()
@@ -457,17 +457,6 @@ def grouped_rows(rng: np.random.Generator, group: np.ndarray, batch: int, per_gr
     return np.concatenate([rng.choice(by_task[t], per_group) for t in picked])
 
 
-def auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
-    """ROC AUC of `scores` for the boolean `positive` (ties count one half); None unless both
-    classes occur."""
-    pos, neg = scores[positive], scores[~positive]
-    if not len(pos) or not len(neg):
-        return None
-    greater = (pos[:, None] > neg[None, :]).mean()
-    ties = (pos[:, None] == neg[None, :]).mean()
-    return float(greater + 0.5 * ties)
-
-
 def runtime_report(pred: dict, rows: dict, keep: np.ndarray) -> dict:
     """The runtime head on the graded rows `keep`: Spearman and Pearson of predicted vs real
     log runtime over the scripts that ran and finished (a time-out's runtime is only a lower
@@ -512,7 +501,7 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool =
     report = {
         "n": len(keep),
         "ece": float(interval_ece(s, v, y)),
-        "spearman": float(spearman(s, y)),
+        "spearman": float(spearman(s, y, undefined=0.0)),
         "within_task_spearman": within_task_spearman(s, y, rows["group"][keep]),
         "rmse": float(np.sqrt(np.mean((s - y) ** 2))),
         **({"scores": s.tolist(), "targets": y.tolist()} if keep_scores else {}),

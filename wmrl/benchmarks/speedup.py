@@ -96,7 +96,7 @@ from wmrl.benchmarks.speedup_runner import (
     seeds_of,
     shared_config,
 )
-from wmrl.core.stats import mean_ci95
+from wmrl.experiment.stats import mean_ci95
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -40,6 +40,7 @@ import optax
 
 from wmrl.core import correct, debias, denoise, grpo, routing
 from wmrl.core.state import init_correction_state
+from wmrl.core.stats import within_group_auc
 from wmrl.embodied import policy as pol
 from wmrl.embodied import rollout
 from wmrl.embodied import world_model as wmodel
@@ -195,18 +196,6 @@ def fused_score(means, log_vars, fuse: bool):
     """[M, N] member estimates -> ([N] WM score, [N] variance)."""
     mu, var, _ = denoise.combine_members(means, log_vars, fuse, axis=0)
     return mu, var
-
-
-def within_group_auc(scores: np.ndarray, real: np.ndarray) -> tuple[float, int]:
-    """Mean over groups (rows) with mixed real outcomes of the AUC of WM scores vs success
-    (ties count half); returns (auc, number of such groups), NaN when none."""
-    aucs = []
-    for s, y in zip(scores, real, strict=False):
-        pos, neg = s[y > 0.5], s[y <= 0.5]
-        if len(pos) and len(neg):
-            diff = pos[:, None] - neg[None, :]
-            aucs.append(float(((diff > 0) + 0.5 * (diff == 0)).mean()))
-    return (float(np.mean(aucs)) if aucs else float("nan")), len(aucs)
 
 
 def make_policy_update(graphdef, tx, st: RLStatics):
@@ -479,7 +468,7 @@ class Trainer:
         if self.st.uses_wm:
             cal = np.asarray(res.calibrated)
             ra, rc = a.anchor_wm.reshape(A, G), cal[: A * G].reshape(A, G)
-            auc, n_auc = within_group_auc(ra, a.real.success.reshape(A, G))
+            auc, n_auc = within_group_auc(ra, a.real.success.reshape(A, G) > 0.5)
             metrics.update(
                 anchor_auc=auc,
                 anchor_auc_groups=n_auc,
