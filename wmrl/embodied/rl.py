@@ -43,6 +43,7 @@ from wmrl.core.state import init_correction_state
 from wmrl.core.stats import within_group_auc
 from wmrl.embodied import policy as pol
 from wmrl.embodied import rollout
+from wmrl.embodied import wm_training as wmtrain
 from wmrl.embodied import world_model as wmodel
 from wmrl.experiment.step import PhaseClock, StepKeys, run_step
 
@@ -246,7 +247,7 @@ class Trainer:
     wm_online_steps: int
     wm_batch: tuple[int, int, int, int]  # windows, episodes, unroll, value horizon
     replay_size: int
-    wm_symmetries: tuple | None = None  # `world_model.square_symmetries` (object dynamics)
+    wm_symmetries: tuple | None = None  # `wm_training.square_symmetries` (object dynamics)
 
     def __post_init__(self):
         self.velocities = jnp.asarray(self.pool.spec.velocities())
@@ -302,7 +303,7 @@ class Trainer:
             lambda wm, obs, acts, t0, task: wmodel.replay_value(wm, obs, acts, t0, task, **common)
         )
         self.sample_actions = jax.jit(pol.sample_chunk, static_argnums=(0,))
-        self.wm_step = wmodel.make_train_step(
+        self.wm_step = wmtrain.make_train_step(
             self.wm_tx, self.velocities, st.push_distance, st.contact_gate
         )
         # The shared correction, jitted once per run (as the AutoResearch trainer does).
@@ -571,7 +572,7 @@ class Trainer:
         m = jax.tree.leaves(wm)[0].shape[0]
         out = {}
         for _ in range(self.wm_online_steps):
-            b = wmodel.make_batch(rng, replay, m, *self.wm_batch, self.wm_symmetries)
+            b = wmtrain.make_batch(rng, replay, m, *self.wm_batch, self.wm_symmetries)
             wm, opt, out = self.wm_step(wm, opt, b)
         return wm, opt, {f"wm_{k}": float(v) for k, v in out.items()}
 
@@ -594,5 +595,5 @@ def trusted_tokens(spread: np.ndarray, st: RLStatics) -> np.ndarray:
 
 
 def add_to_replay(replay: dict, eps: rollout.Episodes, size: int, push_distance: float) -> dict:
-    new = wmodel.episode_data(eps.obs, eps.actions, eps.task, eps.success, push_distance)
+    new = wmtrain.episode_data(eps.obs, eps.actions, eps.task, eps.success, push_distance)
     return {k: np.concatenate([replay[k], new[k]])[-size:] for k in replay}
