@@ -33,9 +33,21 @@ def interval_ece(
 
 def ranks(x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
     """Ranks of `x` [N] among its `valid` entries (default: all), 0-based, ties at their
-    average rank (so constant inputs rank equally); invalid entries get 0. Pairwise O(N^2):
-    N is a group's or an evaluation batch's size."""
-    valid = jnp.ones(x.shape, bool) if valid is None else valid
+    average rank (so constant inputs rank equally); invalid entries get 0.
+
+    Without a mask, the order of a sort, ties averaged; with one, pairwise counts over the
+    valid entries. The two give the same ranks; each is the computation its callers always
+    compiled, so that no reported figure moves in its last bit (XLA's fusion, and with it
+    the order of a jitted reduction, follows the graph)."""
+    if valid is None:
+        order = jnp.argsort(x)
+        r = (
+            jnp.empty_like(x, dtype=jnp.float32)
+            .at[order]
+            .set(jnp.arange(x.shape[0], dtype=jnp.float32))
+        )
+        same = x[:, None] == x[None, :]
+        return jnp.sum(same * r[None, :], axis=1) / jnp.sum(same, axis=1)
     v = valid.astype(jnp.float32)
     less = (x[None, :] < x[:, None]) * v[None, :]
     same = (x[None, :] == x[:, None]) * v[None, :]
@@ -49,7 +61,15 @@ def spearman(
     the Pearson correlation of their `ranks`. `undefined` where it is not defined (fewer than
     two entries, or no variation on either side): NaN by default; a pooled report that reads
     "no rank information" as 0 passes 0."""
-    valid = jnp.ones(x.shape, bool) if valid is None else valid
+    if valid is None:
+        rx, ry = ranks(x), ranks(y)
+        rx, ry = rx - rx.mean(), ry - ry.mean()
+        # Exactly 0 where undefined (a side without variation has all-zero centred ranks).
+        r = jnp.sum(rx * ry) / jnp.sqrt(jnp.sum(rx * rx) * jnp.sum(ry * ry) + 1e-12)
+        if undefined == 0.0:
+            return r
+        defined = (x.shape[0] >= 2) & (jnp.ptp(x) > 0) & (jnp.ptp(y) > 0)
+        return jnp.where(defined, r, undefined)
     v = valid.astype(jnp.float32)
     n = v.sum()
     rx, ry = ranks(x, valid), ranks(y, valid)
