@@ -6,14 +6,14 @@ import numpy as np
 from scipy import stats
 
 from tests.support.rl_fixtures import tiny_config
-from wmrl.autoresearch import model_setup, stages
+from wmrl.autoresearch import model_setup, stages, wm_metrics
 
 
 def test_within_task_spearman_hand_numbers():
     scores = np.array([0.1, 0.2, 0.3, 0.9, 0.8, 0.7, 0.5, 0.5])
     targets = np.array([0.0, 0.5, 1.0, 0.1, 0.2, 0.3, 0.4, 0.6])
     group = np.array([0, 0, 0, 1, 1, 1, 2, 2])  # task 2: the WM gives one score, undefined
-    out = stages.within_task_spearman(scores, targets, group)
+    out = wm_metrics.within_task_spearman(scores, targets, group)
     assert out["tasks"] == 2
     np.testing.assert_allclose(out["mean"], 0.0, atol=1e-6)  # +1 and -1
     pooled = stats.spearmanr(scores, targets).statistic

@@ -8,27 +8,28 @@ import numpy as np
 import pytest
 
 from wmrl.benchmarks import embodied as bench
+from wmrl.experiment.stats import bootstrap_ci, bootstrap_diff_ci
 
 
 def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_agreement():
-    lo, hi = bench.bootstrap_ci([100, 200, 300, 400])
+    lo, hi = bootstrap_ci([100, 200, 300, 400])
     assert lo < 250 < hi and lo >= 100 and hi <= 400
-    assert bench.bootstrap_ci([5, 5, 5]) == [5.0, 5.0]
-    assert bench.bootstrap_ci([]) is None
+    assert bootstrap_ci([5, 5, 5]) == [5.0, 5.0]
+    assert bootstrap_ci([]) is None
 
 
 def test_difference_interval_by_hand_and_against_the_normal_approximation():
     # no spread in either mode: the difference is exact
-    assert bench.bootstrap_diff_ci([0.5, 0.5], [0.4, 0.4, 0.4]) == pytest.approx([0.1, 0.1])
-    assert bench.bootstrap_diff_ci([], [0.4]) is None
-    assert bench.bootstrap_diff_ci([0.5, None], [0.4]) == pytest.approx([0.1, 0.1])
+    assert bootstrap_diff_ci([0.5, 0.5], [0.4, 0.4, 0.4]) == pytest.approx([0.1, 0.1])
+    assert bootstrap_diff_ci([], [0.4]) is None
+    assert bootstrap_diff_ci([0.5, None], [0.4]) == pytest.approx([0.1, 0.1])
     # many seeds: the percentile interval approaches mean difference +- 1.96 x its standard
     # error, sqrt(var_a / n_a + var_b / n_b) (population variances: the bootstrap's)
     rng = np.random.default_rng(7)
     a, b = rng.normal(0.47, 0.03, 200), rng.normal(0.49, 0.02, 300)
     se = np.sqrt(a.var() / len(a) + b.var() / len(b))
     d = a.mean() - b.mean()
-    lo, hi = bench.bootstrap_diff_ci(a, b, reps=20000)
+    lo, hi = bootstrap_diff_ci(a, b, reps=20000)
     assert lo == pytest.approx(d - 1.96 * se, abs=0.15 * se)
     assert hi == pytest.approx(d + 1.96 * se, abs=0.15 * se)
 

@@ -347,7 +347,7 @@ def t_interval(xs):
 
 
 def test_mean_ci95_hand_numbers():
-    from wmrl.core.stats import mean_ci95
+    from wmrl.experiment.stats import mean_ci95
 
     got = mean_ci95([0.1, 0.3, 0.8])
     # mean 0.4, sd sqrt(0.13), half-width 4.3027 * sqrt(0.13 / 3) = 0.8957
@@ -480,7 +480,7 @@ def test_benchmark_end_to_end_tiny_multiturn(tmp_path):
 def test_multiturn_figures_per_mode_over_seeds_and_paired(tmp_path):
     """Multi-turn runs: turn 1, best of K and their difference (the feedback gain)
     per mode, over seeds and paired; single-turn runs give None and no table line."""
-    from wmrl.benchmarks import speedup
+    from wmrl.benchmarks import speedup, speedup_report
 
     by_turn = {  # (seed, mode): warm start's and final policy's best of the first t turns
         (0, "real"): ([0.2, 0.3, 0.35], [0.3, 0.4, 0.5]),
@@ -494,7 +494,7 @@ def test_multiturn_figures_per_mode_over_seeds_and_paired(tmp_path):
     results = [speedup.analyse(load(i)) for i in (0, 1)]
     single = speedup.aggregate(results, [0, 1])
     assert single["final_heldout_feedback_gain"] == {"real": None, "wmrl": None}
-    assert "best of K" not in speedup.format_table(single)
+    assert "best of K" not in speedup_report.format_table(single)
     for (i, m), (warm, final) in by_turn.items():
         path = speedup_runner.run_dir(tmp_path, m, i) / "summary.json"
         s = json.loads(path.read_text())
@@ -515,7 +515,7 @@ def test_multiturn_figures_per_mode_over_seeds_and_paired(tmp_path):
     pair = out["paired"]["wmrl - real"]["final_heldout_feedback_gain"]  # 0.05, 0.1
     assert pair["per_seed"] == pytest.approx([0.05, 0.1])
     assert out["final_heldout_feedback_gain"]["real"] == pytest.approx(0.15)  # mean of seeds
-    text = speedup.format_table(out)
+    text = speedup_report.format_table(out)
     assert "turn 1 -> best of K turns: real 0.2500 -> 0.4000" in text
     assert "final feedback gain (best of K - turn 1): real +0.1500" in text
     assert "wmrl - real, final_heldout_feedback_gain: +0.0750" in text

@@ -15,6 +15,7 @@ from wmrl.embodied import config as econfig
 from wmrl.embodied import env as scene
 from wmrl.embodied import experiment, imagination, rl, rollout, stages
 from wmrl.embodied import policy as pol
+from wmrl.embodied import wm_training as wmtrain
 from wmrl.embodied import world_model as wmodel
 
 
@@ -29,7 +30,7 @@ def test_value_windows_by_hand():
         "success": np.asarray([1.0, 0.0, 1.0], np.float32),
         "progress": np.zeros(E, np.float32),
     }
-    b = wmodel.make_batch(np.random.default_rng(0), data, 2, 5, 50, 1, value_horizon=h)
+    b = wmtrain.make_batch(np.random.default_rng(0), data, 2, 5, 50, 1, value_horizon=h)
     assert b["v_obs"].shape == (2, 50, 14) and b["v_actions"].shape == (2, 50, h)
     e, t = (b["v_obs"][..., 0] // 100).astype(int), (b["v_obs"][..., 0] % 100).astype(int)
     assert t.max() <= T - h and len(np.unique(t)) > 3  # every window fits in its episode
@@ -41,7 +42,7 @@ def test_value_windows_by_hand():
     np.testing.assert_allclose(b["v_left"], (T - t - h) / T)
     np.testing.assert_array_equal(b["v_success"], data["success"][e])
     np.testing.assert_array_equal(b["v_task"], data["task"][e])
-    assert "v_obs" not in wmodel.make_batch(np.random.default_rng(0), data, 2, 5, 50, 1)
+    assert "v_obs" not in wmtrain.make_batch(np.random.default_rng(0), data, 2, 5, 50, 1)
 
 
 def _still(wm):

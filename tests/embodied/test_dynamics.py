@@ -14,6 +14,7 @@ from wmrl.config_errors import ConfigError
 from wmrl.embodied import config as econfig
 from wmrl.embodied import env as scene
 from wmrl.embodied import stages
+from wmrl.embodied import wm_training as wmtrain
 from wmrl.embodied import world_model as wmodel
 
 SPEC = scene.EnvSpec()
@@ -32,7 +33,7 @@ def test_segment_distance_by_hand():
 
 
 def test_square_symmetries_map_the_action_grid_onto_itself():
-    mats, maps = wmodel.square_symmetries(VEL)
+    mats, maps = wmtrain.square_symmetries(VEL)
     assert mats.shape == (8, 2, 2) and maps.shape == (8, 25)
     np.testing.assert_allclose(
         np.einsum("gij,gkj->gik", mats, mats), np.broadcast_to(np.eye(2), (8, 2, 2))
@@ -53,7 +54,7 @@ def test_the_simulator_is_symmetric_under_them():
     (MuJoCo, three actions from the pusher touching a block). Contact can amplify rounding
     (a pusher hitting a cube's corner), so the check is on the median over placements; a
     wrong action map or point transform is off by centimetres almost everywhere."""
-    mats, maps = wmodel.square_symmetries(VEL)
+    mats, maps = wmtrain.square_symmetries(VEL)
     env = scene.PushEnv(SPEC)
     rng = np.random.default_rng(0)
     gaps, moved = [], []
@@ -69,7 +70,7 @@ def test_the_simulator_is_symmetric_under_them():
             m = mats[g]
             s2 = scene.StartState(s.task, m @ s.pusher, (s.blocks @ m.T).astype(np.float32))
             mirrored = np.stack([env.reset(s2)] + [env.step(maps[g][a]) for a in acts])
-            want = wmodel.transform_points(real, np.broadcast_to(m, (4, 2, 2)))
+            want = wmtrain.transform_points(real, np.broadcast_to(m, (4, 2, 2)))
             gaps.append(np.abs(mirrored - want).max())
     assert sum(d > 0.005 for d in moved) >= 8  # blocks were pushed (centimetres)
     gaps = np.asarray(gaps).reshape(24, 7)
@@ -119,14 +120,14 @@ def _real_windows(n_eps: int, seed: int):
             acts[i, t] = rng.integers(0, 25) if rng.random() < 0.3 else a
             obs[i, t + 1] = env.step(acts[i, t])
     task = np.zeros(n_eps, np.int32)
-    return wmodel.episode_data(obs, acts, task, np.zeros(n_eps), SPEC.push_distance)
+    return wmtrain.episode_data(obs, acts, task, np.zeros(n_eps), SPEC.push_distance)
 
 
 def test_make_batch_shows_each_window_under_one_symmetry():
     data = _real_windows(6, 0)
-    sym = wmodel.square_symmetries(VEL)
-    plain = wmodel.make_batch(np.random.default_rng(1), data, 2, 64, 3, 2)
-    seen = wmodel.make_batch(np.random.default_rng(1), data, 2, 64, 3, 2, symmetries=sym)
+    sym = wmtrain.square_symmetries(VEL)
+    plain = wmtrain.make_batch(np.random.default_rng(1), data, 2, 64, 3, 2)
+    seen = wmtrain.make_batch(np.random.default_rng(1), data, 2, 64, 3, 2, symmetries=sym)
     for k in ("ep_obs0", "ep_actions", "ep_success"):  # the other draws are unchanged
         np.testing.assert_array_equal(plain[k], seen[k])
     mats, maps = sym
@@ -137,11 +138,11 @@ def test_make_batch_shows_each_window_under_one_symmetry():
                 g
                 for g in range(8)
                 if np.allclose(
-                    wmodel.transform_points(plain["obs"][m, i], mats[g]), seen["obs"][m, i]
+                    wmtrain.transform_points(plain["obs"][m, i], mats[g]), seen["obs"][m, i]
                 )
                 and (maps[g][plain["action"][m, i]] == seen["action"][m, i]).all()
                 and np.allclose(
-                    wmodel.transform_points(plain["next_obs"][m, i], mats[g][None]),
+                    wmtrain.transform_points(plain["next_obs"][m, i], mats[g][None]),
                     seen["next_obs"][m, i],
                 )
             ]
@@ -163,10 +164,10 @@ def test_pretraining_learns_the_object_dynamics():
     params = wmodel.init_wm(spec, 0)
     tx = optax.adam(3e-3)
     opt = tx.init(params)
-    step = wmodel.make_train_step(tx, jnp.asarray(VEL), SPEC.push_distance)
-    rng, sym = np.random.default_rng(0), wmodel.square_symmetries(VEL)
+    step = wmtrain.make_train_step(tx, jnp.asarray(VEL), SPEC.push_distance)
+    rng, sym = np.random.default_rng(0), wmtrain.square_symmetries(VEL)
     for _ in range(250):
-        params, opt, _ = step(params, opt, wmodel.make_batch(rng, data, 2, 128, 2, 2, 0, sym))
+        params, opt, _ = step(params, opt, wmtrain.make_batch(rng, data, 2, 128, 2, 2, 0, sym))
     np.testing.assert_allclose(
         np.asarray(params["pusher"]["w"]), np.broadcast_to(np.eye(2) * 0.1, (2, 2, 2)), atol=0.006
     )

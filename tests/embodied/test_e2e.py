@@ -107,15 +107,6 @@ def test_modes_differ_only_where_they_should(runs):
     assert len(set(firsts.values())) == 1, firsts
 
 
-def test_within_group_auc_by_hand():
-    scores = np.array([[0.9, 0.1, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2], [0.3, 0.7, 0.1, 0.9]])
-    real = np.array([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
-    auc, n = rl.within_group_auc(scores, real)
-    # group 1: pos {0.9, 0.5} vs neg {0.1, 0.5}: (1 + 1 + 1 + 0.5) / 4; group 2 skipped;
-    # group 3: pos {0.3, 0.7} vs neg {0.1, 0.9}: (1 + 0 + 1 + 0) / 4
-    assert n == 2 and auc == pytest.approx((0.875 + 0.5) / 2)
-
-
 def test_replay_keeps_the_latest_episodes_first_in_first_out():
     """`wm.replay_size` bounds the WM's online data: the oldest episodes (the demos, then the
     BC rollouts, then old anchors) leave first, in order."""

@@ -3,11 +3,11 @@
 `AnchorJournal` is the append-only record of every completed real execution, keyed by
 (step, row, script hash), read back on resume so that a redone step reuses what it already
 paid for. `AnchorQueue` owns the rest of the anchor stream: submitting a step's anchor rows
-(this process's round-robin share, journal hits reused), collecting and merging every
-process's outcomes, the lag (`rl.anchor_lag = 1`: a step trains on the previous step's
-anchors while its own execute), draining before untimed work, and resubmitting the pending
-rows after a restart. What survives a restart is the `Pending` record of `RunState` (the
-queue's checkpoint tree) plus the journal; the futures in flight do not.
+and collecting every process's outcomes (`wmrl.autoresearch.execution`), the lag
+(`rl.anchor_lag = 1`: a step trains on the previous step's anchors while its own execute),
+draining before untimed work, and resubmitting the pending rows after a restart. What
+survives a restart is the `Pending` record of `RunState` (the queue's checkpoint tree) plus
+the journal; the futures in flight do not.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import jax
 import numpy as np
 
 from wmrl import distributed
-from wmrl.autoresearch.env.grader import Status
-from wmrl.autoresearch.env.observation import ERROR_TYPES
+from wmrl.autoresearch import execution
 from wmrl.autoresearch.state import Pending
 from wmrl.jsonl import JsonlWriter, read_jsonl
 
@@ -109,19 +108,8 @@ def open_journal(workdir: Path, kind: str = "anchors") -> AnchorJournal:
     return AnchorJournal(path, read_also=others)
 
 
-@dataclasses.dataclass
-class Submission:
-    """Anchor rows of one step handed to the pool: `items` maps this process's positions k
-    (row `rows[k]`, task `tasks[k]`, script `scripts[k]`) to a future or, once completed or
-    found in the journal, its journal record. `resolved_new` counts executions an earlier
-    wait (`AnchorQueue.drain`) already journalled."""
-
-    step: int
-    rows: np.ndarray  # [n] int: indices in the step's batch (the journal's keys)
-    tasks: list
-    scripts: list[str]
-    items: dict
-    resolved_new: int = 0
+# A step's anchor rows handed to the pool (the one execution record of every real run).
+Submission = execution.Execution
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,59 +140,21 @@ class AnchorQueue:
         self._inflight: Submission | None = None
 
     def submit(self, step: int, rows, tasks, scripts) -> Submission:
-        """Submit this process's share of the given anchor rows of `step` (row k goes to the
-        process `round_robin_owners(n)[k]`) to its own pool; journal hits are reused."""
-        owner = distributed.round_robin_owners(len(rows))
-        me = jax.process_index()
-        items = {}
-        for k, row in enumerate(rows):
-            if owner[k] != me:
-                continue
-            hit = self.journal.lookup(step, int(row), scripts[k])
-            # The execution's seed key: the same when a resumed run executes it again.
-            key = f"anchor/{step}/{int(row)}"
-            items[k] = hit if hit is not None else self.pool.submit(tasks[k], scripts[k], key=key)
-        return Submission(step, np.asarray(rows), list(tasks), list(scripts), items)
-
-    def _resolve(self, sub: Submission) -> int:
-        """Wait for this process's executions in `sub`, journalling each as it completes and
-        replacing its future by the record (in place); returns how many were new."""
-        new = 0
-        for k, item in sub.items.items():
-            if isinstance(item, dict):
-                continue
-            res = item.result()
-            reward = None if math.isnan(res.reward) else res.reward
-            sub.items[k] = self.journal.record(
-                sub.step, int(sub.rows[k]), sub.scripts[k], sub.tasks[k].id, res.status, reward,
-                runtime_s=getattr(res, "runtime_s", None),
-                error_type=getattr(res, "error_type", None),
-                validation=getattr(res, "validation", None),
-            )  # fmt: skip
-            new += 1
-        return new
+        """Submit this process's share of the given anchor rows of `step` to its own pool
+        (`execution.submit`: round-robin, journal hits reused, seed keys `anchor/{step}/{row}`,
+        the same when a resumed run executes them again)."""
+        return execution.submit(self.journal, self.pool, step, rows, tasks, scripts, "anchor")
 
     def collect(self, sub: Submission) -> Outcomes:
-        """Wait for this process's executions, then merge every process's outcomes."""
-        n = len(sub.rows)
-        new = self._resolve(sub) + sub.resolved_new
-        r_env = np.zeros(n, np.float32)
-        status = np.full(n, int(Status.UNGRADED), np.int32)
-        obs = {"runtime_s": np.full(n, np.nan, np.float32),
-               "error_type": np.full(n, -1, np.int32),
-               "validation": np.full(n, np.nan, np.float32)}  # fmt: skip
-        for k, rec in sub.items.items():
-            status[k] = rec["status"]
-            r_env[k] = 0.0 if rec["reward"] is None else rec["reward"]
-            obs["runtime_s"][k] = rec.get("runtime_s", np.nan)
-            if rec.get("error_type") in ERROR_TYPES:
-                obs["error_type"][k] = ERROR_TYPES.index(rec["error_type"])
-            obs["validation"][k] = rec.get("validation", np.nan)
-        owner = distributed.round_robin_owners(n)
-        out = distributed.merge_from_owners({"r_env": r_env, "status": status, **obs}, owner)
-        new = int(distributed.allgather_host(np.int64(new)).sum())
-        return Outcomes(sub.step, sub.rows, out["r_env"], out["status"], new,
-                        **{k: out[k] for k in obs})  # fmt: skip
+        """Wait for this process's executions, then merge every process's outcomes (the
+        journal is uploaded at the end of the step, not here)."""
+        out, new = execution.collect(self.journal, sub, flush=False)
+        r_env = np.where(np.isnan(out["reward"]), 0.0, out["reward"]).astype(np.float32)
+        return Outcomes(
+            sub.step, sub.rows, r_env, out["status"], new,
+            runtime_s=out["runtime_s"].astype(np.float32), error_type=out["error_type"],
+            validation=out["validation"].astype(np.float32),
+        )  # fmt: skip
 
     def exchange(
         self, sub: Submission, pending: Pending, describe: Callable[[Pending], tuple]
@@ -232,7 +182,7 @@ class AnchorQueue:
         if inf is None or not pending.valid or inf.step != int(pending.step):
             return 0.0
         t0 = time.monotonic()
-        inf.resolved_new += self._resolve(inf)
+        inf.resolved_new += execution.resolve(self.journal, inf)
         self.journal.flush()
         return float(distributed.allgather_host(np.float64(time.monotonic() - t0)).max())
 

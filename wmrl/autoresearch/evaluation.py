@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from wmrl import distributed
 from wmrl.autoresearch import data as rldata
+from wmrl.autoresearch import execution
 from wmrl.autoresearch.env.grader import Status
 from wmrl.models.sampler import SamplingConfig, generate
 
@@ -57,63 +57,19 @@ def decode_scripts(tok, comp: np.ndarray, cmask: np.ndarray) -> list[str]:
 
 
 def execute_scripts(
-    pool, journal, step: int, row_tasks: list, scripts: list[str], kind: str,
-    observations: bool = False,
-) -> dict:  # fmt: skip
-    """Execute `scripts[i]` on `row_tasks[i]` for real: this process's round-robin share on
-    its own `pool` (execution seed key `{kind}/{step}/{i}`), the journal's record of
-    (step, i, script) reused instead of executing again, every new outcome journalled; then
-    the shares merged so every process returns the same arrays: `status` [n] int32, `reward`
-    [n] float64 (exactly the grader's; NaN where ungraded), `new` (executions not taken from
-    a journal, over all processes), an imported competition's verdict (also journalled) as
-    `medal`, `above_median` and `position_score` [n] float64 (`competitions.report.
-    verdict_row`: NaN where it does not apply) and, with `observations` (also journalled),
-    `runtime_s` [n] float64 (NaN where unknown) and `error_type` [n] int32 (index into
-    `observation.ERROR_TYPES`, -1 where unknown)."""
-    from wmrl.autoresearch.env.competitions.report import VERDICT_FIELDS, verdict_row
-    from wmrl.autoresearch.env.observation import ERROR_TYPES
-
-    err_index = lambda name: ERROR_TYPES.index(name) if name in ERROR_TYPES else -1
-    n = len(scripts)
-    owner = distributed.round_robin_owners(n)
-    mine = np.nonzero(owner == jax.process_index())[0]
-    out = {
-        "status": np.full(n, int(Status.UNGRADED), np.int32),
-        "reward": np.full(n, np.nan),  # float64: exactly the grader's rewards
-        **{name: np.full(n, np.nan) for name in VERDICT_FIELDS},
-    }
-
-    def verdict(i, status, benchmark) -> None:
-        for name, value in zip(VERDICT_FIELDS, verdict_row(row_tasks[i], status, benchmark),
-                               strict=True):  # fmt: skip
-            out[name][i] = value
-
-    if observations:
-        out["runtime_s"], out["error_type"] = np.full(n, np.nan), np.full(n, -1, np.int32)
-    futs = {}
-    for i in mine:
-        hit = journal.lookup(step, int(i), scripts[i])
-        if hit is None:
-            futs[i] = pool.submit(row_tasks[i], scripts[i], key=f"{kind}/{step}/{i}")
-            continue
-        out["status"][i] = hit["status"]
-        out["reward"][i] = np.nan if hit["reward"] is None else hit["reward"]
-        verdict(i, hit["status"], hit.get("benchmark"))
-        if observations:
-            out["runtime_s"][i] = hit.get("runtime_s", np.nan)
-            out["error_type"][i] = err_index(hit.get("error_type"))
-    for i, fut in futs.items():
-        res = fut.result()
-        out["status"][i], out["reward"][i] = int(res.status), res.reward
-        verdict(i, res.status, res.benchmark)
-        extra = {"benchmark": res.benchmark}
-        if observations:
-            extra |= {"runtime_s": res.runtime_s, "error_type": res.error_type}
-            out["runtime_s"][i], out["error_type"][i] = res.runtime_s, err_index(res.error_type)
-        journal.record(step, int(i), scripts[i], row_tasks[i].id, res.status, res.reward, **extra)
-    journal.flush()
-    merged = distributed.merge_from_owners(out, owner)
-    return {**merged, "new": int(distributed.allgather_host(np.int64(len(futs))).sum())}
+    pool, journal, step: int, row_tasks: list, scripts: list[str], kind: str
+) -> dict:
+    """Execute `scripts[i]` on `row_tasks[i]` for real (`wmrl.autoresearch.execution`: this
+    process's round-robin share on its own `pool`, execution seed key `{kind}/{step}/{i}`,
+    the journal's record of (step, i, script) reused instead of executing again, every new
+    outcome journalled), merged so every process returns the same arrays (`status`,
+    `reward` exactly the grader's with NaN where ungraded, `runtime_s`, `error_type`,
+    `validation`, and an imported competition's verdict as `medal`, `above_median` and
+    `position_score`: `execution.merged_outcomes`) and `new` (executions not taken from a
+    journal, over all processes)."""
+    rows = np.arange(len(scripts))
+    out, new = execution.execute(journal, pool, step, rows, row_tasks, scripts, kind)
+    return {**out, "new": new}
 
 
 def heldout_se(per_task: list[float]) -> float | None:

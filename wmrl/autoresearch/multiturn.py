@@ -48,7 +48,7 @@ import numpy as np
 
 from wmrl import distributed
 from wmrl.autoresearch import data as rldata
-from wmrl.autoresearch import evaluation, history, pretrained
+from wmrl.autoresearch import evaluation, execution, history, pretrained
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.env.grader import reward as status_reward
 from wmrl.autoresearch.env.observation import (
@@ -88,7 +88,7 @@ class Episodes(NamedTuple):
     status: np.ndarray  # [K, N] int32 real status (UNGRADED where not executed)
     reward: np.ndarray  # [K, N] float32 real ladder reward (0 where not executed)
     r_wm: np.ndarray  # [K, N] float32 raw per-turn WM rewards (0 without a WM)
-    obs_arrays: dict  # [K, N] real turns: runtime (raw s, NaN), error_type index (-1), validation
+    obs_arrays: dict  # [K, N] real turns: runtime_s (raw, NaN), error_type index (-1), validation
     new_executions: int  # real turns not taken from a journal
 
 
@@ -128,7 +128,7 @@ def observations_from_arrays(a: dict[str, np.ndarray]) -> list[Observation]:
             int(s), ERROR_TYPES[int(e)] if e >= 0 else "none",
             float(r) if math.isfinite(r) else 0.0, None if math.isnan(v) else float(v),
         )
-        for s, e, r, v in zip(a["status"], a["error_type"], a["runtime"], a["validation"],
+        for s, e, r, v in zip(a["status"], a["error_type"], a["runtime_s"], a["validation"],
                               strict=True)
     ]  # fmt: skip
 
@@ -142,15 +142,12 @@ class EpisodeStep(NamedTuple):
     exchanged: Exchanged
 
 
-@dataclasses.dataclass
-class _Execution:
-    """Real turns handed to the pool: this process's positions k -> future or journal record."""
-
-    step: int
-    rows: np.ndarray  # [n] journal row keys
-    tasks: list
-    scripts: list[str]
-    items: dict
+def observed_fields(res) -> dict:
+    """What a real turn's journal record keeps: its observation's runtime, error type and
+    validation (`observation.observation_of`: checked and rounded, as the next turn's prompt
+    shows them)."""
+    obs = observation_of(res)
+    return {"runtime_s": res.runtime_s, "error_type": obs.error_type, "validation": obs.validation}
 
 
 class MultiTurnTrainer(Trainer):
@@ -215,54 +212,17 @@ class MultiTurnTrainer(Trainer):
 
     # -- real execution ------------------------------------------------------------------
 
-    def _submit_turns(self, journal, step: int, rows, tasks, scripts, kind: str) -> _Execution:
-        """This process's round-robin share of real turns to the pool (journal hits reused);
-        `rows` are the journal keys, `kind` names the execution seeds (anchor / eval)."""
-        owner = distributed.round_robin_owners(len(rows))
-        me, items = jax.process_index(), {}
-        for k, row in enumerate(rows):
-            if owner[k] != me:
-                continue
-            hit = journal.lookup(step, int(row), scripts[k])
-            items[k] = hit if hit is not None else self.pool.submit(
-                self.episode_tasks[tasks[k].id], scripts[k], key=f"{kind}/{step}/{int(row)}"
-            )  # fmt: skip
-        return _Execution(step, np.asarray(rows), list(tasks), list(scripts), items)
+    def _submit_turns(self, journal, step: int, rows, tasks, scripts, kind: str):
+        """This process's round-robin share of real turns to the pool on their episode tasks
+        (`execution.submit`); `rows` are the journal keys, `kind` names the execution seeds
+        (anchor / eval)."""
+        sandbox_task = lambda task: self.episode_tasks[task.id]
+        return execution.submit(journal, self.pool, step, rows, tasks, scripts, kind, sandbox_task)
 
-    def _collect_turns(self, journal, ex: _Execution) -> tuple[dict, int]:
-        """Wait for this process's turns (journalling each with its observation fields),
-        merge every process's: (arrays [n] `status`, `reward` (NaN ungraded), `runtime` (the
-        raw seconds, NaN unknown), `error_type` (index into ERROR_TYPES, -1 unknown),
-        `validation` (NaN none); executions not taken from a journal, over all processes)."""
-        n = len(ex.rows)
-        out = {
-            "status": np.full(n, UNGRADED, np.int32),
-            "reward": np.full(n, np.nan),
-            "runtime": np.full(n, np.nan),
-            "error_type": np.full(n, -1, np.int32),
-            "validation": np.full(n, np.nan),
-        }
-        new = 0
-        for k, item in ex.items.items():
-            if not isinstance(item, dict):
-                res = item.result()
-                reward = None if math.isnan(res.reward) else res.reward
-                obs = observation_of(res)
-                item = journal.record(
-                    ex.step, int(ex.rows[k]), ex.scripts[k], ex.tasks[k].id, res.status, reward,
-                    runtime_s=res.runtime_s, error_type=obs.error_type, validation=obs.validation,
-                )  # fmt: skip
-                new += 1
-            out["status"][k] = item["status"]
-            out["reward"][k] = np.nan if item["reward"] is None else item["reward"]
-            out["runtime"][k] = item.get("runtime_s", np.nan)
-            if item.get("error_type") in ERROR_TYPES:
-                out["error_type"][k] = ERROR_TYPES.index(item["error_type"])
-            out["validation"][k] = item.get("validation", np.nan)
-        journal.flush()
-        owner = distributed.round_robin_owners(n)
-        merged = distributed.merge_from_owners(out, owner)
-        return merged, int(distributed.allgather_host(np.int64(new)).sum())
+    def _collect_turns(self, journal, ex: execution.Execution) -> tuple[dict, int]:
+        """Wait for this process's turns (journalling each with its observation fields) and
+        merge every process's (`execution.collect`)."""
+        return execution.collect(journal, ex, observed_fields)
 
     # -- the WM's observations -----------------------------------------------------------
 
@@ -300,7 +260,7 @@ class MultiTurnTrainer(Trainer):
         status = np.full((K, N), UNGRADED, np.int32)
         reward = np.zeros((K, N), np.float32)
         r_wm = np.zeros((K, N), np.float32)
-        real = {"runtime": np.full((K, N), np.nan, np.float32),
+        real = {"runtime_s": np.full((K, N), np.nan, np.float32),
                 "error_type": np.full((K, N), -1, np.int32),
                 "validation": np.full((K, N), np.nan, np.float32)}  # fmt: skip
         new = 0
@@ -451,7 +411,7 @@ class MultiTurnTrainer(Trainer):
             real = (np.arange(self.K)[:, None] * N + routed.anchor_idx[None, :]).reshape(-1)
             flat = lambda a: a.reshape(-1)[real]
             # The observation targets of the real turns (the runtime where the script ran).
-            runtime = rldata.executed_runtime(flat(ep.status), flat(ep.obs_arrays["runtime"]))
+            runtime = rldata.executed_runtime(flat(ep.status), flat(ep.obs_arrays["runtime_s"]))
             replay = replay.add(
                 {k: rows[k][real] for k in ("tokens", "input_mask")}, flat(ep.reward),
                 flat(ep.status), runtime=runtime, error_type=flat(ep.obs_arrays["error_type"]),

@@ -27,8 +27,8 @@ from wmrl.autoresearch.config import HISTORY
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.env.observation import ERROR_TYPES
 from wmrl.autoresearch.env.suite import SUITE_VERSION
+from wmrl.autoresearch.wm_metrics import wm_report
 from wmrl.config_errors import ConfigError
-from wmrl.core.stats import interval_ece, spearman
 from wmrl.experiment.config import check_stage, get_field, plain
 from wmrl.jsonl import read_jsonl
 
@@ -283,7 +283,7 @@ def policy_samples(config, prepared, policy: model_setup.Model, params, stage_di
     try:
         with make_executor(config.suite, seed=config.seed) as pool:
             out = evaluation.execute_scripts(
-                pool, journal, 0, row_tasks, scripts, kind=POLICY_SAMPLES, observations=True
+                pool, journal, 0, row_tasks, scripts, kind=POLICY_SAMPLES
             )
     finally:
         journal.close()
@@ -430,17 +430,6 @@ def split_validation(rows: dict, every: int) -> tuple[dict, dict | None]:
     return {k: v[~val] for k, v in rows.items()}, {k: v[val] for k, v in rows.items()}
 
 
-def within_task_spearman(scores: np.ndarray, targets: np.ndarray, group: np.ndarray) -> dict:
-    """Mean over tasks of the Spearman correlation of WM score vs real reward among one task's
-    scripts (what GRPO uses), over the tasks where it is defined (both sides vary)."""
-    corrs = []
-    for g in np.unique(group):
-        s, y = scores[group == g], targets[group == g]
-        if len(s) >= 2 and np.ptp(s) > 0 and np.ptp(y) > 0:
-            corrs.append(float(spearman(s, y)))
-    return {"mean": float(np.mean(corrs)) if corrs else None, "tasks": len(corrs)}
-
-
 def grouped_rows(rng: np.random.Generator, group: np.ndarray, batch: int, per_group: int):
     """A batch of row indices made of `batch // per_group` tasks x `per_group` of their rows
     (drawn with replacement), so the ranking loss sees scripts of one task side by side."""
@@ -448,73 +437,6 @@ def grouped_rows(rng: np.random.Generator, group: np.ndarray, batch: int, per_gr
     picked = rng.choice(tasks, batch // per_group, replace=len(tasks) < batch // per_group)
     by_task = {t: np.nonzero(group == t)[0] for t in picked}
     return np.concatenate([rng.choice(by_task[t], per_group) for t in picked])
-
-
-def auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
-    """ROC AUC of `scores` for the boolean `positive` (ties count one half); None unless both
-    classes occur."""
-    pos, neg = scores[positive], scores[~positive]
-    if not len(pos) or not len(neg):
-        return None
-    greater = (pos[:, None] > neg[None, :]).mean()
-    ties = (pos[:, None] == neg[None, :]).mean()
-    return float(greater + 0.5 * ties)
-
-
-def runtime_report(pred: dict, rows: dict, keep: np.ndarray) -> dict:
-    """The runtime head on the graded rows `keep`: Spearman and Pearson of predicted vs real
-    log runtime over the scripts that ran and finished (a time-out's runtime is only a lower
-    bound), and the ROC AUC of `p_timeout` for the scripts that timed out."""
-    from wmrl.autoresearch.env.grader import Status
-
-    rt, label = rows["runtime"][keep], rows["class_label"][keep]
-    timed_out = label == int(Status.TIMEOUT)
-    done = np.isfinite(rt) & ~timed_out
-    p, q = np.log(pred["runtime_s"][done]), np.log(np.maximum(rt[done], model_setup.MIN_RUNTIME_S))
-    ok = done.sum() >= 3 and np.ptp(p) > 0 and np.ptp(q) > 0
-    return {
-        "runtime_spearman": float(spearman(p, q)) if ok else None,
-        "runtime_pearson": float(np.corrcoef(p, q)[0, 1]) if ok else None,
-        "runtime_rows": int(done.sum()),
-        "timeout_auc": auc(pred["p_timeout"], timed_out),
-        "timeouts": int(timed_out.sum()),
-        "mean_p_timeout": float(pred["p_timeout"].mean()),
-    }
-
-
-def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool = True) -> dict:
-    """Calibration (interval ECE from the predictive variance) and Spearman rank correlation
-    of WM score vs real reward (pooled, and within each task), over the graded rows; with
-    `keep_scores` also the scores and targets themselves. With the runtime head the score is
-    the time-out-aware one under each row's `time_limit_s`, and the report adds the reward
-    head's own within-task Spearman (`within_task_spearman_raw`) and `runtime_report`."""
-    keep = np.nonzero(rows["valid"])[0]
-    got: dict[str, list] = {}
-    for i in range(0, len(keep), batch):
-        idx = keep[i : i + batch]
-        pad = batch - len(idx)
-        sel = np.concatenate([idx, np.repeat(idx[-1:], pad)])
-        limits = rows["time_limit_s"][sel] if "time_limit_s" in rows else None
-        out = score_fn(params, rows["tokens"][sel], rows["input_mask"][sel], limits)
-        names = ("score", "predictive_var", "score_raw", "p_timeout", "runtime_s")
-        out = distributed.process_allgather_to_numpy({k: out[k] for k in names if k in out})
-        for k, v in out.items():
-            got.setdefault(k, []).append(v[: len(idx)])
-    pred = {k: np.concatenate(v) for k, v in got.items()}
-    s, v, y = pred["score"], pred["predictive_var"], rows["target"][keep]
-    report = {
-        "n": len(keep),
-        "ece": float(interval_ece(s, v, y)),
-        "spearman": float(spearman(s, y)),
-        "within_task_spearman": within_task_spearman(s, y, rows["group"][keep]),
-        "rmse": float(np.sqrt(np.mean((s - y) ** 2))),
-        **({"scores": s.tolist(), "targets": y.tolist()} if keep_scores else {}),
-    }
-    if "p_timeout" in pred:
-        raw = within_task_spearman(pred["score_raw"], y, rows["group"][keep])
-        report["within_task_spearman_raw"] = raw
-        report.update(runtime_report(pred, rows, keep))
-    return report
 
 
 def pretrain_wm(

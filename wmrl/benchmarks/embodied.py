@@ -28,45 +28,12 @@ from absl import app, flags
 from wmrl.benchmarks.common import machine
 from wmrl.embodied import experiment
 from wmrl.experiment.config import get_field, load_config_file, set_fields
+from wmrl.experiment.stats import bootstrap_diff_ci, mean_bootstrap_ci95
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "embodied_push.py"
 
 MAIN_MODES = ("real", "wmrl")
 ABLATIONS = ("wm_only", "debias_only", "denoise_only", "static_anchors")
-
-
-def _resampled_means(values, rng, reps: int) -> np.ndarray | None:
-    """`reps` bootstrap means of the non-None values (None if there are none)."""
-    v = np.asarray([x for x in values if x is not None], float)
-    return v[rng.integers(0, len(v), (reps, len(v)))].mean(1) if len(v) else None
-
-
-def _interval(draws: np.ndarray) -> list[float]:
-    return [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
-
-
-def bootstrap_ci(values, reps: int = 10000, seed: int = 0) -> list[float] | None:
-    """95% percentile-bootstrap interval of the mean over seeds."""
-    means = _resampled_means(values, np.random.default_rng(seed), reps)
-    return None if means is None else _interval(means)
-
-
-def bootstrap_diff_ci(a, b, reps: int = 10000, seed: int = 0) -> list[float] | None:
-    """95% percentile-bootstrap interval of mean(a) - mean(b), each mode's seeds resampled on
-    their own (the modes' seeds are separate runs, not pairs)."""
-    rng = np.random.default_rng(seed)
-    ma, mb = _resampled_means(a, rng, reps), _resampled_means(b, rng, reps)
-    return None if ma is None or mb is None else _interval(ma - mb)
-
-
-def stat(values) -> dict:
-    v = [x for x in values if x is not None]
-    return {
-        "mean": float(np.mean(v)) if v else None,
-        "ci95": bootstrap_ci(v),
-        "n": len(v),
-        "per_seed": list(values),
-    }
 
 
 def to_target(curve, target, key):
@@ -254,16 +221,18 @@ def run_benchmark(
     for m, runs in by_mode.items():
         hits = [to_target(s["heldout_curve"], tgt, "real_episodes") for s in runs]
         walls = [to_target(s["heldout_curve"], tgt, "wall_time_s") for s in runs]
-        result["real_episodes_to_target"][m] = stat([h for h, _ in hits])
-        result["wall_time_to_target_s"][m] = stat([w for w, _ in walls])
+        result["real_episodes_to_target"][m] = mean_bootstrap_ci95([h for h, _ in hits])
+        result["wall_time_to_target_s"][m] = mean_bootstrap_ci95([w for w, _ in walls])
         result["reached_target"][m] = sum(ok for _, ok in hits)
-        result["success_at_budget"][m] = stat(
+        result["success_at_budget"][m] = mean_bootstrap_ci95(
             [success_at_budget(s["heldout_curve"], budget) for s in runs]
         )
-        result["final_heldout_success"][m] = stat([s["final_heldout_success"] for s in runs])
-        result["real_episodes"][m] = stat([s["real_episodes"] for s in runs])
-        result["wm_episodes"][m] = stat([s["wm_episodes"] for s in runs])
-        result["wall_time_s"][m] = stat([s["wall_time_s"] for s in runs])
+        result["final_heldout_success"][m] = mean_bootstrap_ci95(
+            [s["final_heldout_success"] for s in runs]
+        )
+        result["real_episodes"][m] = mean_bootstrap_ci95([s["real_episodes"] for s in runs])
+        result["wm_episodes"][m] = mean_bootstrap_ci95([s["wm_episodes"] for s in runs])
+        result["wall_time_s"][m] = mean_bootstrap_ci95([s["wall_time_s"] for s in runs])
     r, w = (result["real_episodes_to_target"][m]["mean"] for m in ("real", "wmrl"))
     pre = result["stage_real_episodes"]["wm_pretrain_rollouts"]
     both = all(result["reached_target"][m] == len(by_mode[m]) for m in MAIN_MODES)
@@ -294,7 +263,7 @@ def run_benchmark(
     )
     if cost > 0:  # a declared latency per real episode (env.real_episode_cost_s): a model
         result["modelled_robot_time_to_target_s"] = {
-            m: stat([None if e is None else e * cost for e in v["per_seed"]])
+            m: mean_bootstrap_ci95([None if e is None else e * cost for e in v["per_seed"]])
             for m, v in result["real_episodes_to_target"].items()
         }
         result["cost_note"] += (

@@ -264,10 +264,12 @@ def correct_rewards(
         live = anchor_index < r_wm.shape[0] // G
         scale = live.shape[0] / jnp.maximum(live.sum(), 1)  # the residuals average over A
         diag = {k: v * scale if k.startswith("residual") else v for k, v in diag.items()}
-        rank = fidelity.masked_spearman(a.raw.reshape(-1), a.env.reshape(-1), ok)
+        rank = spearman(a.raw.reshape(-1), a.env.reshape(-1), ok)
     else:
         rank = spearman(
-            jnp.where(ok, a.raw.reshape(-1), 0.0), jnp.where(ok, a.env.reshape(-1), 0.0)
+            jnp.where(ok, a.raw.reshape(-1), 0.0),
+            jnp.where(ok, a.env.reshape(-1), 0.0),
+            undefined=0.0,
         )
     adv = group_advantages(
         c.rewards, G, valid=c.valid, normalize_std=normalize_std, baseline=baseline, eps=std_eps

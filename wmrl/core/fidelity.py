@@ -26,28 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-
-def masked_ranks(x: jax.Array, valid: jax.Array) -> jax.Array:
-    """Ranks of `x` [N] among its `valid` entries, ties at their average rank (0-based);
-    invalid entries get 0. Pairwise O(N^2): N is a group's size."""
-    v = valid.astype(jnp.float32)
-    less = (x[None, :] < x[:, None]) * v[None, :]
-    same = (x[None, :] == x[:, None]) * v[None, :]
-    return jnp.where(valid, less.sum(1) + (same.sum(1) - 1.0) / 2.0, 0.0)
-
-
-def masked_spearman(x: jax.Array, y: jax.Array, valid: jax.Array) -> jax.Array:
-    """Spearman correlation of `x`, `y` [N] over the `valid` entries; NaN when undefined."""
-    v = valid.astype(jnp.float32)
-    n = v.sum()
-    rx, ry = masked_ranks(x, valid), masked_ranks(y, valid)
-    rx = (rx - (rx * v).sum() / jnp.maximum(n, 1.0)) * v
-    ry = (ry - (ry * v).sum() / jnp.maximum(n, 1.0)) * v
-    sxx, syy = (rx * rx).sum(), (ry * ry).sum()
-    defined = (n >= 2) & (sxx > 0) & (syy > 0)
-    return jnp.where(
-        defined, (rx * ry).sum() / jnp.sqrt(jnp.where(defined, sxx * syy, 1.0)), jnp.nan
-    )
+from wmrl.core.stats import spearman
 
 
 def within_group_spearman(
@@ -59,7 +38,7 @@ def within_group_spearman(
     graded). NaN where undefined.
     """
     g = lambda a: a.reshape(-1, group_size)
-    return jax.vmap(masked_spearman)(g(stream), g(real), g(learned))
+    return jax.vmap(spearman)(g(stream), g(real), g(learned))
 
 
 def group_agreement(

@@ -1,10 +1,13 @@
-"""Rank and calibration statistics of scores against outcomes (pure jnp, no model code), and
-the mean over seeds with its 95% interval that the benchmarks report (numpy)."""
+"""Rank and calibration statistics of scores against outcomes, no model code: `ranks` and
+`spearman` (jnp, jit- and vmap-able, over a mask of valid entries), `interval_ece` (jnp), and
+the ROC `auc` and `within_group_auc` (numpy, host-side reports). The intervals over seeds that
+the benchmarks report are `wmrl.experiment.stats`'s."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _normal_quantile(p):
@@ -28,39 +31,72 @@ def interval_ece(
     return jnp.mean(jnp.abs(coverage - levels))
 
 
-def _ranks(x: jax.Array) -> jax.Array:
-    """Ranks with ties given their average rank (so constant inputs rank equally)."""
-    order = jnp.argsort(x)
-    ranks = (
-        jnp.empty_like(x, dtype=jnp.float32)
-        .at[order]
-        .set(jnp.arange(x.shape[0], dtype=jnp.float32))
+def ranks(x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+    """Ranks of `x` [N] among its `valid` entries (default: all), 0-based, ties at their
+    average rank (so constant inputs rank equally); invalid entries get 0.
+
+    Without a mask, the order of a sort, ties averaged; with one, pairwise counts over the
+    valid entries. The two give the same ranks; each is the computation its callers always
+    compiled, so that no reported figure moves in its last bit (XLA's fusion, and with it
+    the order of a jitted reduction, follows the graph)."""
+    if valid is None:
+        order = jnp.argsort(x)
+        r = (
+            jnp.empty_like(x, dtype=jnp.float32)
+            .at[order]
+            .set(jnp.arange(x.shape[0], dtype=jnp.float32))
+        )
+        same = x[:, None] == x[None, :]
+        return jnp.sum(same * r[None, :], axis=1) / jnp.sum(same, axis=1)
+    v = valid.astype(jnp.float32)
+    less = (x[None, :] < x[:, None]) * v[None, :]
+    same = (x[None, :] == x[:, None]) * v[None, :]
+    return jnp.where(valid, less.sum(1) + (same.sum(1) - 1.0) / 2.0, 0.0)
+
+
+def spearman(
+    x: jax.Array, y: jax.Array, valid: jax.Array | None = None, undefined: float = jnp.nan
+) -> jax.Array:
+    """Spearman rank correlation of `x`, `y` [N] over their `valid` entries (default: all):
+    the Pearson correlation of their `ranks`. `undefined` where it is not defined (fewer than
+    two entries, or no variation on either side): NaN by default; a pooled report that reads
+    "no rank information" as 0 passes 0."""
+    if valid is None:
+        rx, ry = ranks(x), ranks(y)
+        rx, ry = rx - rx.mean(), ry - ry.mean()
+        # Exactly 0 where undefined (a side without variation has all-zero centred ranks).
+        r = jnp.sum(rx * ry) / jnp.sqrt(jnp.sum(rx * rx) * jnp.sum(ry * ry) + 1e-12)
+        if undefined == 0.0:
+            return r
+        defined = (x.shape[0] >= 2) & (jnp.ptp(x) > 0) & (jnp.ptp(y) > 0)
+        return jnp.where(defined, r, undefined)
+    v = valid.astype(jnp.float32)
+    n = v.sum()
+    rx, ry = ranks(x, valid), ranks(y, valid)
+    rx = (rx - (rx * v).sum() / jnp.maximum(n, 1.0)) * v
+    ry = (ry - (ry * v).sum() / jnp.maximum(n, 1.0)) * v
+    sxx, syy = (rx * rx).sum(), (ry * ry).sum()
+    defined = (n >= 2) & (sxx > 0) & (syy > 0)
+    return jnp.where(
+        defined, (rx * ry).sum() / jnp.sqrt(jnp.where(defined, sxx * syy, 1.0)), undefined
     )
-    same = x[:, None] == x[None, :]
-    return jnp.sum(same * ranks[None, :], axis=1) / jnp.sum(same, axis=1)
 
 
-def spearman(x: jax.Array, y: jax.Array) -> jax.Array:
-    """Spearman rank correlation of two `[N]` vectors (Pearson correlation of ranks)."""
-    rx, ry = _ranks(x), _ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    return jnp.sum(rx * ry) / jnp.sqrt(jnp.sum(rx * rx) * jnp.sum(ry * ry) + 1e-12)
+def auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
+    """ROC AUC of `scores` [N] for the boolean `positive` [N]: the probability that a
+    positive scores above a negative, ties counting one half. None unless both classes occur."""
+    scores, positive = np.asarray(scores), np.asarray(positive, bool)
+    pos, neg = scores[positive], scores[~positive]
+    if not len(pos) or not len(neg):
+        return None
+    above = pos[:, None] > neg[None, :]
+    tied = pos[:, None] == neg[None, :]
+    return float((above + 0.5 * tied).mean())
 
 
-def mean_ci95(values) -> dict:
-    """Mean over seeds with its two-sided 95% Student-t interval: `{"mean", "ci95": [lo, hi],
-    "n", "per_seed"}`, over the values that are not None (`per_seed` keeps them all, None
-    included). `mean +- t_{0.975, n-1} * sd / sqrt(n)` (sd with ddof=1): with 3 seeds
-    t = 4.30, an honest width where a percentile bootstrap of 3 values would be far too
-    narrow. `ci95` is None with fewer than 2 values; `mean` None with none."""
-    import numpy as np
-    from scipy.stats import t as student_t
-
-    per_seed = [None if v is None else float(v) for v in values]
-    v = np.asarray([x for x in per_seed if x is not None], float)
-    out = {"mean": float(v.mean()) if len(v) else None, "ci95": None, "n": len(v),
-           "per_seed": per_seed}  # fmt: skip
-    if len(v) >= 2:
-        half = float(student_t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
-        out["ci95"] = [out["mean"] - half, out["mean"] + half]
-    return out
+def within_group_auc(scores: np.ndarray, positive: np.ndarray) -> tuple[float, int]:
+    """Mean over groups (rows of `scores`, `positive` [groups, G]) with both outcomes of their
+    `auc`: how well the scores order the rows where GRPO compares them. Returns (the mean,
+    the number of such groups); the mean is NaN when there is none."""
+    aucs = [a for s, y in zip(scores, positive, strict=True) if (a := auc(s, y)) is not None]
+    return (float(np.mean(aucs)) if aucs else float("nan")), len(aucs)

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wmrl.core.stats import within_group_auc
 from wmrl.embodied import env as scene
 from wmrl.embodied import policy as pol
 from wmrl.embodied import rollout
@@ -113,10 +114,9 @@ def object_errors(im: np.ndarray, real: np.ndarray, task: np.ndarray) -> dict:
     }
 
 
-def _auc(scores, y, g):
-    from wmrl.embodied.rl import within_group_auc
-
-    return within_group_auc(scores.reshape(-1, g), y.reshape(-1, g))
+def _auc(scores, success, g):
+    """`within_group_auc` of scores against success (> 0.5) in groups of g."""
+    return within_group_auc(scores.reshape(-1, g), success.reshape(-1, g) > 0.5)
 
 
 def fidelity(config, wm, graphdef, params, starts, key, group_size: int) -> dict:

@@ -40,8 +40,10 @@ import optax
 
 from wmrl.core import correct, debias, denoise, grpo, routing
 from wmrl.core.state import init_correction_state
+from wmrl.core.stats import within_group_auc
 from wmrl.embodied import policy as pol
 from wmrl.embodied import rollout
+from wmrl.embodied import wm_training as wmtrain
 from wmrl.embodied import world_model as wmodel
 from wmrl.experiment.step import PhaseClock, StepKeys, run_step
 
@@ -186,18 +188,6 @@ def fused_score(means, log_vars, fuse: bool):
     return mu, var
 
 
-def within_group_auc(scores: np.ndarray, real: np.ndarray) -> tuple[float, int]:
-    """Mean over groups (rows) with mixed real outcomes of the AUC of WM scores vs success
-    (ties count half); returns (auc, number of such groups), NaN when none."""
-    aucs = []
-    for s, y in zip(scores, real, strict=False):
-        pos, neg = s[y > 0.5], s[y <= 0.5]
-        if len(pos) and len(neg):
-            diff = pos[:, None] - neg[None, :]
-            aucs.append(float(((diff > 0) + 0.5 * (diff == 0)).mean()))
-    return (float(np.mean(aucs)) if aucs else float("nan")), len(aucs)
-
-
 def make_policy_update(graphdef, tx, st: RLStatics):
     """Jitted PPO epochs over one batch of episodes (real and imagined alike)."""
 
@@ -246,7 +236,7 @@ class Trainer:
     wm_online_steps: int
     wm_batch: tuple[int, int, int, int]  # windows, episodes, unroll, value horizon
     replay_size: int
-    wm_symmetries: tuple | None = None  # `world_model.square_symmetries` (object dynamics)
+    wm_symmetries: tuple | None = None  # `wm_training.square_symmetries` (object dynamics)
 
     def __post_init__(self):
         self.velocities = jnp.asarray(self.pool.spec.velocities())
@@ -302,7 +292,7 @@ class Trainer:
             lambda wm, obs, acts, t0, task: wmodel.replay_value(wm, obs, acts, t0, task, **common)
         )
         self.sample_actions = jax.jit(pol.sample_chunk, static_argnums=(0,))
-        self.wm_step = wmodel.make_train_step(
+        self.wm_step = wmtrain.make_train_step(
             self.wm_tx, self.velocities, st.push_distance, st.contact_gate
         )
         # The shared correction, jitted once per run (as the AutoResearch trainer does).
@@ -468,7 +458,7 @@ class Trainer:
         if self.st.uses_wm:
             cal = np.asarray(res.calibrated)
             ra, rc = a.anchor_wm.reshape(A, G), cal[: A * G].reshape(A, G)
-            auc, n_auc = within_group_auc(ra, a.real.success.reshape(A, G))
+            auc, n_auc = within_group_auc(ra, a.real.success.reshape(A, G) > 0.5)
             metrics.update(
                 anchor_auc=auc,
                 anchor_auc_groups=n_auc,
@@ -571,7 +561,7 @@ class Trainer:
         m = jax.tree.leaves(wm)[0].shape[0]
         out = {}
         for _ in range(self.wm_online_steps):
-            b = wmodel.make_batch(rng, replay, m, *self.wm_batch, self.wm_symmetries)
+            b = wmtrain.make_batch(rng, replay, m, *self.wm_batch, self.wm_symmetries)
             wm, opt, out = self.wm_step(wm, opt, b)
         return wm, opt, {f"wm_{k}": float(v) for k, v in out.items()}
 
@@ -594,5 +584,5 @@ def trusted_tokens(spread: np.ndarray, st: RLStatics) -> np.ndarray:
 
 
 def add_to_replay(replay: dict, eps: rollout.Episodes, size: int, push_distance: float) -> dict:
-    new = wmodel.episode_data(eps.obs, eps.actions, eps.task, eps.success, push_distance)
+    new = wmtrain.episode_data(eps.obs, eps.actions, eps.task, eps.success, push_distance)
     return {k: np.concatenate([replay[k], new[k]])[-size:] for k in replay}

@@ -25,6 +25,7 @@ from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import env as scene
 from wmrl.embodied import policy as pol
 from wmrl.embodied import render, rollout
+from wmrl.embodied import wm_training as wmtrain
 from wmrl.embodied import world_model as wmodel
 from wmrl.embodied.config import HISTORY
 from wmrl.experiment.config import check_stage, get_field, plain
@@ -127,10 +128,10 @@ def wm_spec(config) -> wmodel.WMSpec:
 
 
 def wm_symmetries(config, velocities) -> tuple[np.ndarray, np.ndarray] | None:
-    """The object dynamics train under the square's symmetries (`world_model.make_batch`)."""
+    """The object dynamics train under the square's symmetries (`wm_training.make_batch`)."""
     if config.wm.dynamics != "object":
         return None
-    return wmodel.square_symmetries(np.asarray(velocities))
+    return wmtrain.square_symmetries(np.asarray(velocities))
 
 
 def value_horizon(config) -> int:
@@ -304,7 +305,7 @@ def wm_stage(
     )
     rolls = rollout.policy_rollouts(pool, starts, act, config.policy.chunk)
     eps = rollout.Episodes.concat([demos, rolls])
-    data = wmodel.episode_data(
+    data = wmtrain.episode_data(
         eps.obs, eps.actions, eps.task, eps.success, config.env.push_distance
     )
     velocities = jnp.asarray(pool.spec.velocities())
@@ -315,12 +316,12 @@ def wm_stage(
         )
     )
     opt = tx.init(params)
-    step = wmodel.make_train_step(tx, velocities, config.env.push_distance, config.wm.contact_gate)
+    step = wmtrain.make_train_step(tx, velocities, config.env.push_distance, config.wm.contact_gate)
     brng = np.random.default_rng([config.seed, 4])
     symmetries = wm_symmetries(config, pool.spec.velocities())
     metrics = {}
     for _ in range(steps):
-        b = wmodel.make_batch(
+        b = wmtrain.make_batch(
             brng,
             data,
             spec.num_members,

@@ -361,7 +361,7 @@ def calibration_metrics(model: WorldModel, batch: dict) -> dict[str, jax.Array]:
     pred = predict(model(batch["tokens"], batch["input_mask"]))
     return {
         "ece": interval_ece(pred["score"], pred["predictive_var"], batch["target"]),
-        "spearman": spearman(pred["score"], batch["target"]),
+        "spearman": spearman(pred["score"], batch["target"], undefined=0.0),
         "rmse": jnp.sqrt(jnp.mean(jnp.square(pred["score"] - batch["target"]))),
         "mean_epistemic_var": jnp.mean(pred["epistemic_var"]),
     }

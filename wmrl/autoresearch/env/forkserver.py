@@ -102,7 +102,7 @@ def _run_supervisor(job: dict) -> None:
 
 def _submission_decides(result: dict) -> bool:
     """The script exited cleanly with a submission: its grade is the submission's (what
-    ``pool._script_outcome`` leaves to the grader)."""
+    ``outcome.script_outcome`` leaves to the grader)."""
     clean = result.get("exit_code") == 0 and result.get("signal") is None
     clean = clean and result.get("timed_out") is False and not result.get("oom_killed")
     return clean and result.get("submission") == "ok"

@@ -13,7 +13,8 @@ whose threads therefore keep running whatever a submission holds. Infrastructure
 failures (the template died, a supervisor or the grader crashed, the work dir
 could not be built) are retried once and otherwise returned as
 ``Status.UNGRADED``, which the trainer masks out; agent failures are never
-retried.
+retried. How a finished execution's report becomes its graded result is
+``wmrl.autoresearch.env.outcome``'s.
 """
 
 from __future__ import annotations
@@ -41,18 +42,20 @@ from pathlib import Path
 from wmrl.autoresearch.env import cgroups, linux, sandbox
 from wmrl.autoresearch.env.grader import (
     MAX_SCRIPT_BYTES,
-    Grade,
     Status,
     check_script,
     reward,
     task_to_json,
 )
-from wmrl.autoresearch.env.observation import error_type_of
+from wmrl.autoresearch.env.outcome import (
+    execution_result,
+    script_outcome,
+    submission_grade,
+    supervisor_exit,
+)
 from wmrl.autoresearch.env.result import ExecutionResult, InfrastructureError
 from wmrl.autoresearch.env.sandbox import Limits
 from wmrl.autoresearch.env.task import Task
-
-TAIL_CHARS = 2000
 
 
 class SandboxStartupError(RuntimeError):
@@ -556,15 +559,15 @@ class SandboxPool:
             code = self._template_for_job().run(job, timeout=timeout)
             over_budget = code == -signal.SIGPROF  # killed while grading (result.json written)
             if code != 0 and not over_budget:
-                raise InfrastructureError(_supervisor_exit(code, grade_wall_s))
+                raise InfrastructureError(supervisor_exit(code, grade_wall_s))
             raw = json.loads((workdir / "result.json").read_text())
             if raw.get("infra_error"):
                 raise InfrastructureError(raw["infra_error"])
             reported = not over_budget  # a killed supervisor left its job cgroup behind
-            outcome = _script_outcome(limits, raw)
+            outcome = script_outcome(limits, raw)
             if outcome is None:  # it ran cleanly: its submission decides
-                outcome = _submission_grade(limits, raw["submission"], workdir, over_budget)
-            return _result(task, raw, outcome)
+                outcome = submission_grade(limits, raw["submission"], workdir, over_budget)
+            return execution_result(task, raw, outcome)
         finally:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -580,43 +583,6 @@ class SandboxPool:
 # a stalled host (not a slow submission, which the CPU budget catches) reaches it.
 GRADE_WALL_FACTOR = 4.0
 GRADE_WALL_SLACK_S = 30.0
-
-
-def _submission_grade(limits: Limits, copied: str, workdir: Path, over_budget: bool) -> Grade:
-    """The grade of a cleanly finished script's submission (``copied``: what the
-    supervisor's copy-out said), as the supervisor graded it (``forkserver._grade``).
-
-    Graded out of the trainer's interpreter, so nothing a submission holds can hold the
-    GIL here; within ``limits.grade_cpu_s`` of CPU time, or the submission is INVALID (it
-    cannot be graded in bounded time: the submitter's doing, as nothing else runs in that
-    process then). A grader that raises is the infrastructure's failure: InfrastructureError,
-    retried, then UNGRADED (as is one past its wall-clock deadline: ``_supervisor_exit``).
-    """
-    if copied == "too_large":
-        return _grade_of(
-            Status.INVALID_SUBMISSION, f"submission larger than {limits.submission_mb} MB"
-        )
-    if copied != "ok":
-        return _grade_of(Status.NO_SUBMISSION, "no submission")
-    if over_budget:
-        return _grade_of(
-            Status.INVALID_SUBMISSION,
-            f"the submission could not be graded within {limits.grade_cpu_s:g} s of CPU time",
-        )
-    answer = json.loads((workdir / "grade.json").read_text())
-    if "error" in answer:
-        raise InfrastructureError("grader failed: " + answer["error"][-1000:])
-    return Grade.from_json(answer["grade"])
-
-
-def _supervisor_exit(code: int, grade_wall_s: float) -> str:
-    """Why a supervisor that did not finish counts as an infrastructure failure."""
-    if code == -signal.SIGALRM:
-        return (
-            f"supervisor exited with {code}: its grading passed the {grade_wall_s:g} s "
-            "wall-clock deadline without using its CPU budget (a stalled host)"
-        )
-    return f"supervisor exited with {code}"
 
 
 def _check_limit_overrides(overrides: dict) -> None:
@@ -636,46 +602,3 @@ def _check_limit_overrides(overrides: dict) -> None:
         raise ValueError(
             f"grade_cpu_s={limits.grade_cpu_s!r}: must be a positive, finite number of seconds"
         )
-
-
-def _grade_of(status: Status, detail: str) -> Grade:
-    return Grade(status, None, None, reward(status), detail)
-
-
-def _script_outcome(limits: Limits, raw: dict) -> Grade | None:
-    """How the script ended, when that alone decides its grade (memory, time, a crash, a
-    non-zero exit); None when it exited cleanly and its submission decides."""
-    cpu_limit = int(limits.time_limit_s) + 1
-    cpu_hit = raw.get("cpu_s") is not None and raw["cpu_s"] >= cpu_limit - 0.05
-    sig = raw.get("signal")
-    if raw.get("oom_killed"):
-        return _grade_of(
-            Status.RUNTIME_ERROR, "memory limit (a process was OOM-killed in the job cgroup)"
-        )
-    if raw["timed_out"] or (sig is not None and cpu_hit) or sig == 24:  # 24 = SIGXCPU
-        return _grade_of(Status.TIMEOUT, "time limit")
-    if sig is not None:
-        return _grade_of(Status.RUNTIME_ERROR, f"signal {sig}")
-    if raw.get("exit_code") not in (0, None):
-        return _grade_of(Status.RUNTIME_ERROR, f"exit code {raw['exit_code']}")
-    return None
-
-
-def _result(task: Task, raw: dict, grade: Grade) -> ExecutionResult:
-    return ExecutionResult(
-        task_id=task.id,
-        status=grade.status,
-        reward=grade.reward,
-        score=grade.score,
-        percentile=grade.percentile,
-        runtime_s=float(raw["runtime_s"]),
-        stdout_tail=raw["stdout_tail"][-TAIL_CHARS:],
-        stderr_tail=raw["stderr_tail"][-TAIL_CHARS:],
-        isolation=raw["isolation"],
-        detail=grade.detail,
-        validation=grade.validation,
-        benchmark=grade.benchmark,
-        error_type=error_type_of(
-            raw["stderr_tail"], grade.status, oom_killed=bool(raw.get("oom_killed"))
-        ),
-    )

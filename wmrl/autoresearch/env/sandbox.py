@@ -49,6 +49,10 @@ process (see ``forkserver``). With ``prefork`` the script itself runs in a fork
 of that pre-imported interpreter (numpy/pandas/scikit-learn already loaded),
 which removes ~2 s of import time per execution while every isolation step
 above still happens in the child before the script's first line.
+
+One file over 600 lines on purpose: the isolation of one execution is one security boundary
+(every step before a script's first line, its supervision, its clean-up), read and reviewed
+in one place; the kernel primitives are ``linux``'s and the cgroups ``cgroups``'s.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ which no integer ``random_state`` reproduces. What remains is the copy as extra 
 data: a nearest-neighbour lookup in it scores within noise of the baselines, no better
 (tests/autoresearch/env/test_suite_lookup.py tries every lookup on every task). A task's
 rows depend only on the suite seed and its id, not on which other tasks are built.
+
+One file over 600 lines on purpose: most of it is the catalogue (`suite_tasks`), one entry
+per task, read next to the loaders and the re-derivation its rows come from.
 """
 
 from __future__ import annotations
