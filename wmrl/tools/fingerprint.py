@@ -14,7 +14,9 @@ the summary; and a SHA-1 of every array of the final checkpoint (policy, referen
 optimiser and correction states, replay). `--only=rl,embodied` runs some parts. The shared data
 stage and warm-start/WM checkpoints are built once under `<out dir>/shared` and reused, so a
 second invocation compares RL and bandits only. `--compare` prints every difference and
-exits 1 if there is any.
+exits 1 if there is any. Compare two trees on the same shared stages (copy `shared/`): stages
+built twice differ whatever the code, since the data stage journals executions in the order
+they finish and records measured runtimes, and the WM pretrained on them differs.
 
 Not part of the test suite (it takes minutes); `tests/autoresearch/test_e2e.py` and
 `tests/bandits/test_bandits.py` check the invariants.
