@@ -102,7 +102,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.wm.mlp_dim = 192
     c.wm.head_dim = 16
     c.wm.num_members = 4
-    c.wm.pretrain_steps = 200
+    c.wm.pretrain_steps = 200  # the most pretraining steps (fewer with early stopping)
+    # Early stopping (wmrl.autoresearch.stages.pretrain_wm): every e > 0 steps the WM's
+    # within-task ranking of held-out rows (the held-out policy samples when the WM fits on
+    # policy samples, else the corpus validation split) is measured; the best parameters are
+    # kept and training stops after `pretrain_patience` measurements without a new best.
+    # 0 = train exactly `pretrain_steps`.
+    c.wm.pretrain_eval_every = 0
+    c.wm.pretrain_patience = 5
+    c.wm.seed = -1  # the WM's init and pretraining-batch seed; -1 = `seed` + 1
     c.wm.batch_size = 16
     c.wm.learning_rate = 1e-3
     c.wm.rank_coef = 0.0  # within-task pairwise ranking loss beside the NLL (0 = NLL only)

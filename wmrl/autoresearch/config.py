@@ -46,6 +46,7 @@ LEGACY_DEFAULTS = {
     "correction.adaptive_rho": False, "correction.rho_min": 0.125, "correction.rho_max": 1.0,
     "env.turns": 1, "env.sft_episodes_per_task": 4, "rl.seed": -1,
     "wm.policy_samples_per_task": 0, "wm.policy_validation_every": 4,
+    "wm.seed": -1, "wm.pretrain_eval_every": 0, "wm.pretrain_patience": 5,
 }  # fmt: skip
 
 RESUMABLE_FIELDS = (
@@ -186,6 +187,7 @@ def _check_numbers(config) -> None:
     _positive(config, "wm.group_rows")
     _positive(config, "wm.validation_every", 0)
     _check_policy_samples(config)
+    _check_wm_pretraining(config)
     spacing = config.correction.bin_spacing
     if spacing not in ("equal_width", "equal_mass"):
         raise ConfigError(
@@ -237,6 +239,16 @@ def _check_policy_samples(config) -> None:
             "config.wm.policy_samples_per_task",
             f"policy samples are single-turn scripts; with env.turns={config.env.turns} use 0",
         )
+
+
+def _check_wm_pretraining(config) -> None:
+    """`wm.seed`: an integer >= -1 (-1 = `seed` + 1); `wm.pretrain_eval_every`: an integer
+    >= 0 (0 = a fixed step count); `wm.pretrain_patience`: an integer >= 1."""
+    for field, least in (("wm.seed", -1), ("wm.pretrain_eval_every", 0),
+                         ("wm.pretrain_patience", 1)):  # fmt: skip
+        v = config_field(config, field)
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            raise ConfigError(f"config.{field}", f"must be an integer >= {least}, got {v!r}")
 
 
 def _check_adaptive_rho(config) -> None:

@@ -217,8 +217,8 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
     # params before the warm start) or, with wm.trunk_from_policy, the warm-started ones.
     trunk = policy_params if config.wm.trunk_from_policy else policy.state.params
     wm = model_setup.build_wm(
-        config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh, config.seed + 1,
-        trunk_params=trunk,
+        config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh,
+        stages.wm_seed(config), trunk_params=trunk,
     )  # fmt: skip
     wm_params, wm_report = stages.pretrain_wm(
         config, prepared, wm, inits / "wm_pretrain", progress, samples=samples

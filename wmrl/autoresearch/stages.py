@@ -11,6 +11,7 @@ process 0 alone clears the stage folder and writes `done.json`, between barriers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -45,7 +46,8 @@ STAGE_FIELDS = {
         "wm.learning_rate", "wm.rank_coef", "wm.runtime_coef", "wm.error_type_coef",
         "wm.validation_coef", "wm.group_rows",
         "wm.trunk_from_policy", "wm.validation_every", "policy",
-        "wm.policy_samples_per_task", "wm.policy_validation_every",
+        "wm.policy_samples_per_task", "wm.policy_validation_every", "wm.seed",
+        "wm.pretrain_eval_every", "wm.pretrain_patience",
     ),
 }  # fmt: skip
 POLICY_SAMPLES = "policy_samples"
@@ -489,13 +491,10 @@ def runtime_report(pred: dict, rows: dict, keep: np.ndarray) -> dict:
     }
 
 
-def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool = True) -> dict:
-    """Calibration (interval ECE from the predictive variance) and Spearman rank correlation
-    of WM score vs real reward (pooled, and within each task), over the graded rows; with
-    `keep_scores` also the scores and targets themselves. With the runtime head the score is
-    the time-out-aware one under each row's `time_limit_s`, and the report adds the reward
-    head's own within-task Spearman (`within_task_spearman_raw`) and `runtime_report`."""
-    keep = np.nonzero(rows["valid"])[0]
+def predict_rows(score_fn, params, rows: dict, keep: np.ndarray, batch: int = 64) -> dict:
+    """The WM's outputs on rows `keep` (`score`, `predictive_var` and, with the runtime head,
+    `score_raw`, `p_timeout`, `runtime_s`), each `[len(keep)]`, under each row's
+    `time_limit_s`, in fixed-size batches (one compiled shape)."""
     got: dict[str, list] = {}
     for i in range(0, len(keep), batch):
         idx = keep[i : i + batch]
@@ -507,7 +506,17 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool =
         out = distributed.process_allgather_to_numpy({k: out[k] for k in names if k in out})
         for k, v in out.items():
             got.setdefault(k, []).append(v[: len(idx)])
-    pred = {k: np.concatenate(v) for k, v in got.items()}
+    return {k: np.concatenate(v) for k, v in got.items()}
+
+
+def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool = True) -> dict:
+    """Calibration (interval ECE from the predictive variance) and Spearman rank correlation
+    of WM score vs real reward (pooled, and within each task), over the graded rows; with
+    `keep_scores` also the scores and targets themselves. With the runtime head the score is
+    the time-out-aware one under each row's `time_limit_s`, and the report adds the reward
+    head's own within-task Spearman (`within_task_spearman_raw`) and `runtime_report`."""
+    keep = np.nonzero(rows["valid"])[0]
+    pred = predict_rows(score_fn, params, rows, keep, batch)
     s, v, y = pred["score"], pred["predictive_var"], rows["target"][keep]
     report = {
         "n": len(keep),
@@ -528,13 +537,23 @@ def pretrain_wm(
     config, prepared, wm: model_setup.Model, stage_dir: epath.Path, progress=True,
     samples: list[dict] | None = None,
 ):  # fmt: skip
-    """Fit the WM on the executed corpus of the training tasks; report held-out calibration.
+    """Fit the WM on the executed corpus of the training tasks (and the fit part of the
+    policy samples); report held-out calibration and ranking.
 
     `samples`: the policy samples' records (`policy_samples`). With
     `wm.policy_samples_per_task` > 0 their fit part (`split_policy_samples`) joins the
     pretraining rows; either way the report's `policy_validation` is the WM on their held-out
     part (with k = 0 the WM never saw a policy sample: the control of
-    `wmrl.benchmarks.wm_quality`)."""
+    `wmrl.benchmarks.wm_quality`).
+
+    `wm.pretrain_steps` is the most steps it trains. With `wm.pretrain_eval_every` = e > 0 it
+    is trained to convergence instead: every e steps the within-task ranking of the rows
+    early stopping watches (`stopping_rows`) is measured (`within_task_concordance`), the
+    best parameters so far are kept, and training stops once `wm.pretrain_patience`
+    measurements in a row have not improved on the best; the best parameters are the
+    stage's. When the early-stopping rows are the held-out policy samples, the report's
+    `policy_validation` is measured on the rows that chose the step (an optimistic figure:
+    `wmrl.benchmarks.wm_quality` measures on policy samples of their own)."""
     report = _done(stage_dir, config)
     if report is not None:
         return load_params(stage_dir, wm.state.params), report
@@ -553,7 +572,7 @@ def pretrain_wm(
     m = wm.with_optimizer(
         model_setup.adam(config.wm.learning_rate, steps, warmup=max(steps // 20, 1))
     )
-    rng = np.random.default_rng(config.seed + 1)
+    rng = np.random.default_rng(wm_seed(config))
     coefs = model_setup.head_coefs(config)
     flags = model_setup.head_batch_flags(coefs)
     P = config.data.max_prompt_len
@@ -569,9 +588,13 @@ def pretrain_wm(
         for w, idx in buckets
     }  # fmt: skip
     share = np.array([len(idx) for _, idx in buckets], np.float64) / n
-    state, t0, mse = m.state, time.monotonic(), float("nan")
+    score_fn = make_wm_score_fn(m.graphdef, m.shardings, m.mesh)
+    watched, watched_name = stopping_rows(config, validation, policy_val)
+    every = config.wm.pretrain_eval_every if watched is not None else 0
+    watch = EarlyStopping(config.wm.pretrain_patience)
+    state, t0, mse, best, history = m.state, time.monotonic(), float("nan"), None, []
     bar = tqdm(range(steps), desc="world model pretraining", disable=not progress)
-    per_group = config.wm.group_rows
+    per_group, trained = config.wm.group_rows, 0
     for i in bar:
         j = rng.choice(len(buckets), p=share) if len(buckets) > 1 else 0
         width, rows_j = buckets[j]
@@ -580,26 +603,113 @@ def pretrain_wm(
         else:
             idx = rows_j[rng.integers(0, len(rows_j), bs)]
         state, metrics = steps_by_width[width](state, batch(idx, width))
+        trained = i + 1
         if i % 10 == 0 or i == steps - 1:
             mse = float(metrics["mse"][0]) / max(float(metrics["mse"][1]), 1.0)
             bar.set_postfix(mse=f"{mse:.4f}")
-    score_fn = make_wm_score_fn(m.graphdef, m.shardings, m.mesh)
+        if every and trained % every == 0:
+            figures = ranking_figures(score_fn, state.params, watched)
+            history.append({"step": trained, **figures})
+            if watch.update(trained, figures["concordance"]):
+                best = jax.tree.map(lambda x: x.copy(), state.params)  # the step donates
+            bar.set_postfix(mse=f"{mse:.4f}", watched=f"{figures['concordance']}")
+            if watch.stop:
+                break
+    params = state.params if best is None else best
     report = {
         "pretrain_steps": steps,
+        "steps_trained": trained,
+        "best_step": watch.best_step if best is not None else trained,
         "train_examples": n,
         "final_train_mse": mse,
-        "heldout": wm_report(score_fn, state.params, held),
-        "train": wm_report(score_fn, state.params, train, keep_scores=False),
+        "heldout": wm_report(score_fn, params, held),
+        "train": wm_report(score_fn, params, train, keep_scores=False),
         "time_s": time.monotonic() - t0,
     }
+    if every:
+        report["early_stopping"] = {
+            "rows": watched_name, "n": int(watched["valid"].sum()), "every": every,
+            "patience": watch.patience, "best_concordance": watch.best, "history": history,
+        }  # fmt: skip
     if validation is not None:
-        report["validation"] = wm_report(score_fn, state.params, validation, keep_scores=False)
+        report["validation"] = wm_report(score_fn, params, validation, keep_scores=False)
     if policy_fit is not None:
         fitted = config.wm.policy_samples_per_task > 0
         report["policy_fit_examples"] = len(policy_fit["tokens"]) if fitted else 0
         if len(policy_val["tokens"]):
-            report["policy_validation"] = wm_report(
-                score_fn, state.params, policy_val, keep_scores=False
-            )
-    save_params(stage_dir, state.params, report, config)
-    return state.params, report
+            report["policy_validation"] = wm_report(score_fn, params, policy_val, keep_scores=False)
+    save_params(stage_dir, params, report, config)
+    return params, report
+
+
+def wm_seed(config) -> int:
+    """The WM's initialisation and pretraining-batch seed: `wm.seed`, or `seed` + 1 when it
+    is -1 (what every WM before the field used)."""
+    return config.seed + 1 if config.wm.seed == -1 else config.wm.seed
+
+
+def stopping_rows(config, validation: dict | None, policy_val: dict | None):
+    """`(rows, name)` early stopping watches: the held-out policy samples when the WM is
+    fitted on policy samples (`"policy_samples"`: new scripts of the policy, the rows it
+    scores in RL), else the corpus validation split (`"corpus_validation"`,
+    `wm.validation_every` > 0), else `(None, None)`: a fixed step count."""
+    fitted = config.wm.policy_samples_per_task > 0
+    if fitted and policy_val is not None and policy_val["valid"].any():
+        return policy_val, "policy_samples"
+    if validation is not None and validation["valid"].any():
+        return validation, "corpus_validation"
+    return None, None
+
+
+def ranking_figures(score_fn, params, rows: dict) -> dict:
+    """The WM on early-stopping rows: `concordance` (`within_task_concordance`, what
+    early stopping maximises), the mean within-task Spearman and the score's mean squared
+    error, over the graded rows."""
+    keep = np.nonzero(rows["valid"])[0]
+    s = predict_rows(score_fn, params, rows, keep)["score"]
+    y, g = rows["target"][keep], rows["group"][keep]
+    return {
+        "concordance": within_task_concordance(s, y, g),
+        "within_task_spearman": within_task_spearman(s, y, g)["mean"],
+        "mse": float(np.mean((s - y) ** 2)),
+    }
+
+
+def within_task_concordance(scores, targets, group) -> float | None:
+    """Of the pairs of one task's rows whose real rewards differ, pooled over tasks, the
+    fraction the scores order the same way (a tie in score counts one half). The within-task
+    order GRPO uses, averaged over pairs rather than over tasks: on a held-out split of a few
+    rows per task it is steadier than the mean of per-task Spearman correlations (each +-1
+    with two rows). None without such a pair."""
+    scores, targets, group = (np.asarray(a) for a in (scores, targets, group))
+    agree, pairs = 0.0, 0
+    for g in np.unique(group):
+        s, y = scores[group == g], targets[group == g]
+        dy, ds = np.sign(y[:, None] - y[None, :]), np.sign(s[:, None] - s[None, :])
+        upper = np.triu(np.ones(dy.shape, bool), 1) & (dy != 0)
+        agree += float((ds * dy)[upper].clip(0).sum() + 0.5 * (ds[upper] == 0).sum())
+        pairs += int(upper.sum())
+    return agree / pairs if pairs else None
+
+
+@dataclasses.dataclass
+class EarlyStopping:
+    """Keeps the best measurement (higher is better) and says when to stop: after `patience`
+    measurements in a row without a new best (an undefined measurement, None, is none)."""
+
+    patience: int
+    best: float | None = None
+    best_step: int = 0
+    since_best: int = 0
+
+    def update(self, step: int, value: float | None) -> bool:
+        """Fold in the measurement at `step`; True when it is the new best."""
+        if value is not None and (self.best is None or value > self.best):
+            self.best, self.best_step, self.since_best = float(value), step, 0
+            return True
+        self.since_best += 1
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return self.since_best >= self.patience

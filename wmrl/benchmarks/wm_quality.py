@@ -114,7 +114,7 @@ def run_variant(
     if config.wm.trunk_from_policy:
         _, trunk = warm_started(config, prepared, warm_dir or workdir)
     wm = model_setup.build_wm(config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh,
-                         config.seed + 1, trunk_params=trunk)  # fmt: skip
+                         stages.wm_seed(config), trunk_params=trunk)  # fmt: skip
     stage_dir = workdir / name / "wm_pretrain"
     t0 = time.monotonic()
     _, report = stages.pretrain_wm(config, prepared, wm, stage_dir, progress=True, samples=samples)
