@@ -96,6 +96,21 @@ def test_timeout_calibration_by_hand():
     assert am.timeout_calibration([PAIRS[7]]) is None  # no P(timeout) recorded
 
 
+def test_variance_shares_by_hand():
+    # Group A rewards (0, .9, .7, .1), mean .425: SS = .5875. Status means: MALFORMED 0,
+    # VALID .8 (x2), RUNTIME_ERROR .1: between = .180625 + 2 * .140625 + .105625 = .5675.
+    # Its learned rows (.9, .7, .1) keep their own spread; the static check explains the
+    # rest. Group B (.6, .1, .1): one row per status, so between = SS = 1/6; its learned
+    # rows (.6, .1) keep .125. Group C: equal rewards, SS 0.
+    got = am.variance_shares(PAIRS)
+    ss_a, ss_b = 0.5875, 1 / 6
+    learned_a = sum((x - 1.7 / 3) ** 2 for x in (0.9, 0.7, 0.1))
+    assert got["total"] == pytest.approx(ss_a + ss_b)
+    assert got["status"] == pytest.approx((0.5675 + ss_b) / (ss_a + ss_b))
+    assert got["static"] == pytest.approx(1 - (learned_a + 0.125) / (ss_a + ss_b))
+    assert am.variance_shares([PAIRS[7], PAIRS[8]])["status"] is None
+
+
 def test_quarters_of_the_run():
     qs = am.quarters(PAIRS, steps=4)
     assert [len(q) for q in qs] == [7, 0, 2, 0]

@@ -176,6 +176,25 @@ def timeout_calibration(pairs: list[dict], bins: int = 5) -> dict | None:
     }
 
 
+def variance_shares(pairs: list[dict]) -> dict:
+    """Where the within-group variance of the real reward is, pooled over groups: `status`,
+    the share between reward levels (each row replaced by its group's mean reward of its
+    status); `static`, the share the static check explains (its rows' exact rewards known,
+    the others replaced by their group's mean of the learned rows); `total`, the pooled
+    within-group sum of squares. None for a share when there is no variance."""
+    total = by_status = left = 0.0
+    for rows in groups(pairs).values():
+        r = np.array([p["r_env"] for p in rows], float)
+        total += float(((r - r.mean()) ** 2).sum())
+        status = np.array([p["status"] for p in rows])
+        means = {s: r[status == s].mean() for s in set(status.tolist())}
+        by_status += float(sum((means[s] - r.mean()) ** 2 for s in status.tolist()))
+        learned = r[[is_learned(p) for p in rows]]
+        left += float(((learned - learned.mean()) ** 2).sum()) if len(learned) else 0.0
+    share = lambda x: x / total if total > 0 else None
+    return {"total": total, "status": share(by_status), "static": share(total - left)}
+
+
 def quarters(pairs: list[dict], steps: int | None = None) -> list[list[dict]]:
     """The pairs of each quarter of a run of `steps` RL steps (default: the last step seen):
     quarter q holds the steps in `(q * steps / 4, (q + 1) * steps / 4]`."""

@@ -276,6 +276,9 @@ def run(
         ckpt.close()
         log.close()
     summary = make_summary(config, st, s.sft_report, s.wm_report, s.seconds, compile_s)
+    summary["wm_pretraining_executions"] = stages.wm_pretraining_executions(
+        s.prepared, s.policy_samples_report
+    )  # beside real_executions (RL's)
     if s.policy_samples_report is not None:  # the stage's cost (executions, seconds)
         summary["policy_samples"] = {
             k: v for k, v in s.policy_samples_report.items() if k != "config"

@@ -241,13 +241,18 @@ SAMPLES_FILE = "samples.jsonl"  # the policy samples' records, written before do
 SAMPLES_STARTED = "started.json"  # the fingerprint an unfinished policy-sample stage ran with
 
 
-def policy_samples(config, prepared, policy: model_setup.Model, params, stage_dir, progress=True):
+def policy_samples(
+    config, prepared, policy: model_setup.Model, params, stage_dir, progress=True,
+    stream: int = POLICY_SAMPLES_KEY,
+):  # fmt: skip
     """`wm.policy_samples_per_task` = k scripts per training task from the warm-started
     policy, sampled with RL's settings (its prompt, `rl.temperature`, `data.max_new_tokens`)
     and executed for real in the sandbox pool as the RL anchors are (each task's limit capped
     by `suite.time_limit_s`, the grader's outcome), by the held-out evaluation's sampler and
     executor (`evaluation.generate_rows`, `evaluation.execute_scripts`). Returns (records,
-    report); k = 0: ([], None), nothing sampled or written.
+    report); k = 0: ([], None), nothing sampled or written. `stream` is folded into the
+    seed's key: another value draws other scripts (`wmrl.benchmarks.wm_quality` samples its
+    yardstick so), and a cached stage drawn from another stream is an error.
 
     The WM pretraining fits on them (`policy_sample_rows`): it then sees the distribution it
     scores during RL, not only the authored corpus. Cached under `stage_dir` (`samples.jsonl`,
@@ -261,12 +266,19 @@ def policy_samples(config, prepared, policy: model_setup.Model, params, stage_di
     stage_dir = epath.Path(stage_dir)
     report = _done(stage_dir, config)
     if report is not None:
+        if report.get("stream", POLICY_SAMPLES_KEY) != stream:
+            raise ConfigError(
+                "policy_samples",
+                f"{stage_dir} holds samples of key stream {report.get('stream')}, not {stream}",
+            )
         return read_jsonl(stage_dir / SAMPLES_FILE), report
     from wmrl.autoresearch import evaluation
     from wmrl.autoresearch.anchors import open_journal
     from wmrl.autoresearch.env.executor import make_executor
 
     fingerprint = _fingerprint(config, POLICY_SAMPLES)
+    if stream != POLICY_SAMPLES_KEY:
+        fingerprint["stream"] = stream  # an unfinished stage of another stream starts over
     started = stage_dir / SAMPLES_STARTED
     if distributed.is_main_process():
         stale = started.exists() and json.loads(started.read_text()) != fingerprint
@@ -281,7 +293,7 @@ def policy_samples(config, prepared, policy: model_setup.Model, params, stage_di
         print(f"policy samples: {k} per training task x {len(tasks)} tasks", flush=True)
     prompts = [rldata.task_prompt(config, t) for t in tasks]
     sc = evaluation.rl_sampling(config, tok, k)
-    key = jax.random.fold_in(jax.random.key(config.seed), POLICY_SAMPLES_KEY)
+    key = jax.random.fold_in(jax.random.key(config.seed), stream)
     rows, scripts = evaluation.generate_rows(
         policy.graphdef, params, tok, prompts, config.data.max_prompt_len, sc, key,
         model_setup.seq_len(config),
@@ -317,14 +329,25 @@ def policy_samples(config, prepared, policy: model_setup.Model, params, stage_di
         "graded": len(rewards),
         "status_counts": {n: statuses.count(n) for n in sorted(set(statuses))},
         "mean_reward": float(np.mean(rewards)) if rewards else None,
-        "sample_s": sample_s, "time_s": time.monotonic() - t0,
+        "sample_s": sample_s, "time_s": time.monotonic() - t0, "stream": stream,
     }  # fmt: skip
     if distributed.is_main_process():
         (stage_dir / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
-        done = {**report, "config": fingerprint}
+        done = {**report, "config": _fingerprint(config, POLICY_SAMPLES)}
         (stage_dir / "done.json").write_text(json.dumps(done, indent=2))
     distributed.barrier(f"{POLICY_SAMPLES} done")
     return records, report
+
+
+def wm_pretraining_executions(prepared, samples_report: dict | None) -> dict:
+    """Real executions spent before RL on the WM's training data, a cost beside RL's own
+    `real_executions` (as embodied reports its WM-pretraining rollouts): the executed corpus
+    of the training tasks (the held-out tasks' executions only measure the WM) and the
+    policy samples (`samples_report`, None when there are none)."""
+    train_ids = {t.id for t in prepared.train_tasks}
+    corpus = sum(r["split"] == "train" and r["task_id"] in train_ids for r in prepared.executions)
+    samples = samples_report["executions"] if samples_report else 0
+    return {"corpus": int(corpus), "policy_samples": int(samples), "total": int(corpus + samples)}
 
 
 def policy_sample_rows(config, prepared, records: list[dict]) -> dict:
