@@ -558,7 +558,7 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool =
 
 def pretrain_wm(
     config, prepared, wm: model_setup.Model, stage_dir: epath.Path, progress=True,
-    samples: list[dict] | None = None,
+    samples: list[dict] | None = None, monitor=None,
 ):  # fmt: skip
     """Fit the WM on the executed corpus of the training tasks (and the fit part of the
     policy samples); report held-out calibration and ranking.
@@ -576,7 +576,9 @@ def pretrain_wm(
     measurements in a row have not improved on the best; the best parameters are the
     stage's. When the early-stopping rows are the held-out policy samples, the report's
     `policy_validation` is measured on the rows that chose the step (an optimistic figure:
-    `wmrl.benchmarks.wm_quality` measures on policy samples of their own)."""
+    `wmrl.benchmarks.wm_quality` measures on policy samples of their own). `monitor`:
+    `params -> dict` called at each of those measurements, its figures kept in the history
+    under `monitor` (the benchmark's learning curves; nothing depends on them)."""
     report = _done(stage_dir, config)
     if report is not None:
         return load_params(stage_dir, wm.state.params), report
@@ -632,6 +634,8 @@ def pretrain_wm(
             bar.set_postfix(mse=f"{mse:.4f}")
         if every and trained % every == 0:
             figures = ranking_figures(score_fn, state.params, watched)
+            if monitor is not None:
+                figures["monitor"] = monitor(state.params)
             history.append({"step": trained, **figures})
             if watch.update(trained, figures["concordance"]):
                 best = jax.tree.map(lambda x: x.copy(), state.params)  # the step donates

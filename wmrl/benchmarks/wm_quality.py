@@ -78,11 +78,15 @@ VARIANTS = {
     "policy_trunk_rank": {**NO_RT, "wm.trunk_from_policy": True, "wm.rank_coef": 1.0,
                           "wm.group_rows": 4},
     "default": {},
-    # Trained longer: a fixed 1000 steps; to convergence: early stopping (at most 3000).
+    # Trained longer: a fixed 1000 steps; to convergence: early stopping (at most 3000 steps).
     "long": {"wm.pretrain_steps": 1000, "wm.pretrain_eval_every": 0},
     "converged": {"wm.pretrain_steps": 3000, "wm.pretrain_eval_every": 50,
                   "wm.pretrain_patience": 6},
+    # The learning curve: 2000 steps, measured every 100, never stopped early.
+    "curve": {"wm.pretrain_steps": 2000, "wm.pretrain_eval_every": 100,
+              "wm.pretrain_patience": 1000},
 }  # fmt: skip
+CURVE_FIGURES = ("stream_spearman", "learned_spearman", "failure_auc")
 EVAL_STREAM = 23  # the yardstick's key stream (the fitted policy samples use POLICY_SAMPLES_KEY)
 RUNTIME_FIGURES = ("runtime_spearman", "runtime_pearson", "timeout_auc", "timeouts")
 
@@ -291,17 +295,29 @@ def run_variant(
                          stages.wm_seed(config), trunk_params=trunk)  # fmt: skip
     stage_dir = workdir / name / "wm_pretrain"
     t0 = time.monotonic()
-    params, report = stages.pretrain_wm(
-        config, prepared, wm, stage_dir, progress=True, samples=samples
-    )
-    extra = {}
+    on_yard = None
     if yard is not None:
         from wmrl.models.train_steps import make_wm_score_fn
 
         rows, pairs = yard
         score_fn = make_wm_score_fn(wm.graphdef, wm.shardings, wm.mesh)
-        pred = stages.predict_rows(score_fn, params, rows, np.arange(len(rows["tokens"])))
-        extra["yardstick"] = yardstick_figures(scored(pairs, pred["score"], pred.get("p_timeout")))
+
+        def on_yard(params) -> dict:
+            pred = stages.predict_rows(score_fn, params, rows, np.arange(len(rows["tokens"])))
+            return yardstick_figures(scored(pairs, pred["score"], pred.get("p_timeout")))
+
+    params, report = stages.pretrain_wm(
+        config, prepared, wm, stage_dir, progress=True, samples=samples, monitor=on_yard
+    )
+    extra = {}
+    if on_yard is not None:
+        extra["yardstick"] = on_yard(params)
+        history = report.get("early_stopping", {}).get("history", [])
+        extra["curve"] = [
+            {"step": h["step"], "concordance": h["concordance"], "mse": h["mse"],
+             **{f"yard_{k}": h.get("monitor", {}).get(k) for k in CURVE_FIGURES}}
+            for h in history
+        ]  # fmt: skip
     held, train, val = report["heldout"], report.get("train", {}), report.get("validation", {})
     pol = report.get("policy_validation", {}).get("within_task_spearman", {})
     runtime = {}
