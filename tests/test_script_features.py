@@ -145,3 +145,15 @@ def test_unfitted_and_bad_input():
     assert mean.tolist() == [0.5] and var.tolist() == [0.25]
     with pytest.raises(ValueError, match="at least 2 rows with a reward"):
         sf.FeatureScorer().fit([sf.Row("x = 1\n", FACTS, 0.5), sf.Row("y\n", FACTS)])
+
+
+def test_feature_vectors_give_the_same_fit():
+    rows = [sf.Row(author.render(INFO, author.ScriptSpec(m, p, mistake=k)), FACTS, r)
+            for m, p, k, r in [("linear", {"C": 1.0}, None, 0.7), ("knn", {"k": 5}, None, 0.6),
+                               ("tree", {"depth": 3}, "no_write", 0.2),
+                               ("forest", {"trees": 50, "depth": 4}, None, 0.9)]]  # fmt: skip
+    a = sf.FeatureScorer().fit(rows).predict(rows)
+    X = np.stack([sf.features(r.script, r.facts) for r in rows])
+    b = sf.FeatureScorer().fit_features(X, [r.reward for r in rows]).predict_features(X)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])

@@ -242,7 +242,8 @@ class FeatureScorer:
     `penalties` that has the least exact leave-one-out squared error on the fit rows, and a
     Gaussian predictive variance: the residual variance times `1 + x' (X'X + l I)^-1 x`.
     `fit(rows)` refits from scratch (rows with a reward); `predict(rows)` returns
-    `(mean [n], variance [n])`. Before any fit it predicts 0.5 with variance 0.25 (nothing
+    `(mean [n], variance [n])`; `fit_features` / `predict_features` do the same on feature
+    vectors. Before any fit it predicts 0.5 with variance 0.25 (nothing
     known about a reward in [0, 1])."""
 
     penalties: tuple[float, ...] = RIDGE_PENALTIES
@@ -255,7 +256,17 @@ class FeatureScorer:
             raise ValueError(
                 f"FeatureScorer.fit needs at least 2 rows with a reward, got {len(rows)}"
             )
-        X, y = feature_matrix(rows), np.array([r.reward for r in rows], np.float64)
+        return self.fit_features(feature_matrix(rows), np.array([r.reward for r in rows]))
+
+    def predict(self, rows: Sequence[Row]) -> tuple[np.ndarray, np.ndarray]:
+        if not rows:
+            return np.zeros(0), np.zeros(0)
+        return self.predict_features(feature_matrix(rows))
+
+    def fit_features(self, X: np.ndarray, y: np.ndarray) -> FeatureScorer:
+        """`fit` on feature vectors [n, len(FEATURE_NAMES)] and rewards [n] (a caller that
+        refits often keeps each row's vector: `features` costs a few ms per script)."""
+        X, y = np.asarray(X, np.float64), np.asarray(y, np.float64)
         mu, sd = X.mean(0), X.std(0)
         sd = np.where(sd > 0, sd, 1.0)
         Z, y0 = (X - mu) / sd, y.mean()
@@ -279,13 +290,12 @@ class FeatureScorer:
                      "inv": inv, "n": len(y)}  # fmt: skip
         return self
 
-    def predict(self, rows: Sequence[Row]) -> tuple[np.ndarray, np.ndarray]:
-        if not rows:
-            return np.zeros(0), np.zeros(0)
+    def predict_features(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`predict` from feature vectors [n, len(FEATURE_NAMES)]."""
         if self._fit is None:
-            return np.full(len(rows), 0.5), np.full(len(rows), 0.25)
+            return np.full(len(X), 0.5), np.full(len(X), 0.25)
         f = self._fit
-        Z = (feature_matrix(rows) - f["mu"]) / f["sd"]
+        Z = (np.asarray(X, np.float64) - f["mu"]) / f["sd"]
         mean = Z @ f["w"] + f["b"]
         lever = np.einsum("ij,jk,ik->i", Z, f["inv"], Z) + 1.0 / f["n"]
         return mean, f["noise"] * (1.0 + lever)
