@@ -105,6 +105,9 @@ _POLICY_SAMPLES = flags.DEFINE_integer(
 _EVAL_SAMPLES = flags.DEFINE_integer(
     "eval_samples", 0, "M > 0: the yardstick, M policy samples per training task of their own."
 )
+_FIT_ONLY = flags.DEFINE_bool(
+    "fit_only", False, "With --policy_samples: only the variants fitted on them (NAME+fit)."
+)
 _WM_SEEDS = flags.DEFINE_list("wm_seeds", [], "WM init seeds (wm.seed); [] = the config's.")
 _REPEATS = flags.DEFINE_integer(
     "repeats", 1, "R > 1: execute the yardstick R - 1 more times (determinism of the reward)."
@@ -402,7 +405,7 @@ def main(argv):
         print("yardstick: " + json.dumps(out["yardstick"]))
     seeds = [int(v) for v in _WM_SEEDS.value] or [None]
     for name in _VARIANTS.value:
-        for fitted in (False, True) if k > 0 else (False,):
+        for fitted in ((True,) if _FIT_ONLY.value else (False, True)) if k > 0 else (False,):
             c = variant_config(config, VARIANTS[name])
             label = name
             if fitted:
