@@ -1,4 +1,4 @@
-"""Multi-turn Mini AutoResearch: the agent revises its script from feedback (DESIGN.md s. 4).
+"""Multi-turn Mini AutoResearch: the agent revises its script from feedback (docs/method.md 4).
 
     python -m wmrl.main --config=configs/autoresearch_multiturn.py --workdir=runs/ar_multiturn
 
@@ -13,8 +13,8 @@ sized for a 2-core CPU (24.6 min end to end on the idle 2-core machine; docs/res
 cost of each stage).
 
 Modes as in the tiny config: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl`.
-Anchors are synchronous for K > 1 (an anchor episode's next turn needs its real observation),
-whatever `rl.anchor_lag` says.
+Anchors are synchronous for K > 1 (an anchor episode's next turn needs its real observation):
+`rl.anchor_lag` is 0, and 1 is refused with K > 1.
 """
 
 import importlib.util
@@ -32,6 +32,7 @@ def _tiny_config():
 def get_config():
     c = _tiny_config()
     c.env.turns = 3
+    c.rl.anchor_lag = 0  # synchronous anchors: a turn needs the real observation of the last
     # The card (<= 96 tokens), the last script (<= max_new_tokens), the last observation and
     # up to K - 2 older observations (`wmrl.autoresearch.history`).
     c.data.max_prompt_len = 448

@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.suite.allow_mixed_isolation = False  # executor=ray: accept nodes at the rlimits level
     c.suite.time_limit_s = 20.0  # caps each task's own time limit (s)
 
-    # The episode (DESIGN.md section 4): env.turns = K scripts per episode, each executed once,
+    # The episode (docs/method.md 4): env.turns = K scripts per episode, each executed once,
     # the agent reading an observation of each turn but the last; the trajectory reward is the
     # best turn's. K = 1 is the single-turn setting exactly (configs/autoresearch_multiturn.py).
     c.env = ml_collections.ConfigDict()
@@ -118,9 +118,9 @@ def get_config() -> ml_collections.ConfigDict:
     # (1 - P(timeout)) * reward head + P(timeout) * TIMEOUT's reward, P(timeout) under the
     # script's time limit (the task's, capped by suite.time_limit_s). docs/results.md.
     c.wm.runtime_coef = 0.5
-    # Multi-turn feedback heads (wmrl/autoresearch/wm_observation.py; 0 = no head): the exception class
-    # of a RUNTIME_ERROR (observation.ERROR_TYPES) and the raw validation metric (episode
-    # executions only). The single-turn job reads no feedback: off.
+    # Multi-turn feedback heads (wmrl/autoresearch/wm_observation.py; 0 = no head): the
+    # exception class of a RUNTIME_ERROR (observation.ERROR_TYPES) and the raw validation
+    # metric (episode executions only). The single-turn job reads no feedback: off.
     c.wm.error_type_coef = 0.0
     c.wm.validation_coef = 0.0
     c.wm.trunk_from_policy = False  # WM trunk = the warm-started policy's (its width, weights)
@@ -185,12 +185,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.keep_checkpoints = 3
 
     c.correction = ml_collections.ConfigDict()
-    # Anchor fraction: 2 of the 8 groups (DESIGN's default 0.10 would round to 1). With
+    # Anchor fraction: 2 of the 8 groups (the method's default 0.10 would round to 1). With
     # `rl.anchor_lag` the anchors execute while the next step computes, and one group left
     # the 2 sandbox workers idle part of each step; two double the real signal for a longer
     # step (the speedup benchmark measures both; docs/results.md).
     c.correction.rho = 0.25
-    # Fidelity-driven anchor fraction (ours, DESIGN.md 3.10; off = the fixed `rho` above): the
+    # Fidelity-driven anchor fraction (ours, docs/method.md 3.10; off = the fixed `rho` above): the
     # anchor fraction moves between rho_min (the WM stream ranks the anchors' scripts as
     # their real rewards do) and rho_max (it has collapsed: every group executed, standard
     # GRPO), from the anchors' measured within-group agreement; `rho` holds until the rule has
@@ -212,4 +212,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.correction.denoise_half_life = 16.0
     c.correction.denoise_target = 2.0
     c.correction.denoise_w_max = 4.0
+    # How the WM ensemble's members become one score: auto = the mode's (inverse-variance
+    # fusion in denoise_only and wmrl, the members' mean in the others), or force
+    # inverse_variance | mean.
+    c.correction.sample_fusion = "auto"
     return c

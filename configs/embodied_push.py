@@ -4,8 +4,8 @@
 
 A seconds-long smoke setting: `--config=configs/embodied_push.py:tiny`.
 
-Modes from the same code: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl|constant_wm`
-(`constant_wm` is the control: the same anchors, but every WM-scored episode gets one shared
+Modes from the same code: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl|static_anchors`
+(`static_anchors` is the control: the same anchors, but every WM-scored episode gets one shared
 score, the recent mean real success of the anchors: the core's constant-score control, an EMA
 with a half-life of 64 anchor episodes). The correction is the shared one,
 `wmrl.core.correct.correct_rewards`. Rerunning the same command on the same
@@ -31,7 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.experiment = "embodied"
     c.seed = 0
-    c.mode = "wmrl"  # real | wm_only | debias_only | denoise_only | wmrl | constant_wm
+    c.mode = "wmrl"  # real | wm_only | debias_only | denoise_only | wmrl | static_anchors
     # state: the policy reads the objects' xy. image (VLA-style): it sees the blocks only in
     # two top-down RGB images drawn from the state (first frame, current frame; `image`
     # below) plus the pusher's own xy. The world model imagines states either way.
@@ -166,7 +166,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.correction.denoise_half_life = 16.0
     c.correction.denoise_target = 2.0
     c.correction.denoise_w_max = 4.0
-    # How the WM members' scores of one episode become its score (DESIGN.md 3.5, sample
+    # How the WM members' scores of one episode become its score (docs/method.md 3.5, sample
     # level): `inverse_variance` (`wmrl.core.denoise.fuse_ensemble`), `mean`, or `auto` (the
     # mode's row: inverse variance in denoise_only / wmrl, the mean in the other modes).
     c.correction.sample_fusion = "auto"

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import ml_collections
 
-from wmrl.models.config import TransformerConfig
 from wmrl.autoresearch.config import load_config_file
 from wmrl.autoresearch.pretrained import pod_config
+from wmrl.models.config import TransformerConfig
 
 QWEN3_8B = dict(
     vocab_size=151_936, d_model=4096, num_layers=36, num_heads=32, num_kv_heads=8,

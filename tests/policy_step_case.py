@@ -113,16 +113,18 @@ def wmrl_inputs(step: int) -> dict[str, np.ndarray]:
 def wmrl_advantages(correction, step: int):
     """(new correction state, [B] advantages) of one WMRL step."""
     from wmrl.autoresearch.config import MODE_SPECS
-    from wmrl.core.correct import correct_rewards
+    from wmrl.core.correct import StepInputs, correct_rewards
 
     debias_cfg, denoise_cfg = wmrl_configs()
     x = {k: jnp.asarray(v) for k, v in wmrl_inputs(step).items()}
-    correction, out, _ = correct_rewards(
-        correction, x["r_wm"], x["r_env"], x["env_valid"], x["anchor_rows"],
-        x["anchor_groups"], x["anchor_index"], group_size=WMRL_G, spec=MODE_SPECS["wmrl"],
-        debias_cfg=debias_cfg, denoise_cfg=denoise_cfg, normalize_std=True, baseline="mean",
+    res = correct_rewards(
+        correction,
+        StepInputs(r_wm=x["r_wm"], r_env=x["r_env"], env_valid=x["env_valid"],
+                   anchor_groups=x["anchor_groups"], anchor_index=x["anchor_index"]),
+        group_size=WMRL_G, spec=MODE_SPECS["wmrl"], debias_cfg=debias_cfg,
+        denoise_cfg=denoise_cfg, normalize_std=True, baseline="mean",
     )  # fmt: skip
-    return correction, np.asarray(out["advantages"])
+    return res.correction, np.asarray(res.advantages)
 
 
 def wmrl_reference() -> dict:

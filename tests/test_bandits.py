@@ -70,11 +70,13 @@ def test_cost_accounting_matches_hand_numbers(suite):
     res = suite["_curves"]["results"]
     # real: every pull executed at real_cost
     np.testing.assert_allclose(res["real"]["curves"]["cost"][-1], steps[-1] * b.batch_size * 10)
-    # wm_only: WM pulls only
-    np.testing.assert_allclose(res["wm_only"]["curves"]["cost"][-1], steps[-1] * b.batch_size)
-    # wmrl: all pulls WM-scored + round(0.1 * 8 groups) = 1 anchor group of 8 real pulls
+    # wmrl, and wm_only (the same anchors, no correction): all pulls WM-scored
+    # + round(0.1 * 8 groups) = 1 anchor group of 8 real pulls
     per_step = b.batch_size + 8 * 10
-    np.testing.assert_allclose(res["wmrl"]["curves"]["cost"][-1], steps[-1] * per_step)
+    for variant in ("wmrl", "wm_only"):
+        np.testing.assert_allclose(res[variant]["curves"]["cost"][-1], steps[-1] * per_step)
+    # constant_bias (the negative control): WM pulls only
+    np.testing.assert_allclose(res["constant_bias"]["curves"]["cost"][-1], steps[-1] * b.batch_size)
 
 
 def test_sample_level_fusion_lowers_gradient_variance_at_fixed_policy():

@@ -445,7 +445,7 @@ def test_benchmark_end_to_end_tiny(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_end_to_end_tiny_multiturn(tmp_path):
-    """`--config=configs/autoresearch_multiturn.py` works unchanged (issue 18): the tiny
+    """`--config=configs/autoresearch_multiturn.py` works unchanged: the tiny
     setting at K = 2, 2 steps of `real` and `wmrl`, every turn of `real` executed."""
     from tests.rl_fixtures import tiny_flags
     from wmrl.autoresearch.presets import TINY_MULTITURN_SETTING
@@ -474,7 +474,7 @@ def test_benchmark_end_to_end_tiny_multiturn(tmp_path):
 
 
 def test_multiturn_figures_per_mode_over_seeds_and_paired(tmp_path):
-    """Multi-turn runs (issue 18): turn 1, best of K and their difference (the feedback gain)
+    """Multi-turn runs: turn 1, best of K and their difference (the feedback gain)
     per mode, over seeds and paired; single-turn runs give None and no table line."""
     from wmrl.benchmarks import speedup
 

@@ -20,10 +20,10 @@ from wmrl.core import correct, debias, denoise, grpo, routing
 from wmrl.embodied import experiment, rl, stages
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "constant_wm")
+MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors")
 # RL steps of the fixture's runs: 2 (the tiny config's) where a test needs a second step (the
-# notebook reuses real and wmrl; constant_wm's score needs earlier anchors), else 1.
-STEPS = {"real": 2, "wmrl": 2, "constant_wm": 2}
+# notebook reuses real and wmrl; static_anchors's score needs earlier anchors), else 1.
+STEPS = {"real": 2, "wmrl": 2, "static_anchors": 2}
 
 
 def tiny(init_dir, **overrides):
@@ -76,9 +76,9 @@ def test_every_mode_runs_and_counts_its_episodes(runs):
     assert out["wmrl"][1]["stage_real_episodes"]["wm_pretrain_rollouts"] == 16
 
 
-def test_constant_wm_scores_every_imagined_episode_with_the_recent_anchor_mean(runs):
+def test_static_anchors_scores_every_imagined_episode_with_the_recent_anchor_mean(runs):
     _, out = runs
-    wd = out["constant_wm"][0]
+    wd = out["static_anchors"][0]
     steps, _ = steps_of(wd)
     assert steps[0]["imagined_success_calibrated"] == 0.0  # no anchors yet
     # step 2: the core's recent mean, an EMA (half-life 64 rows) of step 1's 8 anchor successes,
@@ -224,12 +224,12 @@ def test_the_embodied_run_takes_its_rewards_from_the_shared_correct(runs, monkey
 
 
 def test_each_mode_passes_its_row_of_the_shared_mode_table():
-    """The embodied modes are the core table's rows (constant_wm: the constant-score control)."""
+    """The embodied modes are the core table's rows (static_anchors: the constant-score control)."""
     for mode in MODES:
         spec = rl.MODE_SPECS[mode]
-        want = correct.MODE_SPECS["static_anchors" if mode == "constant_wm" else mode]
+        want = correct.MODE_SPECS["static_anchors" if mode == "static_anchors" else mode]
         assert spec is want, mode
-    assert rl.MODE_SPECS["constant_wm"].constant and not rl.MODE_SPECS["wmrl"].constant
+    assert rl.MODE_SPECS["static_anchors"].constant and not rl.MODE_SPECS["wmrl"].constant
 
 
 def test_fused_score_by_hand():
@@ -245,10 +245,13 @@ def test_fused_score_by_hand():
 
 
 def test_sample_fusion_resolves_by_mode_and_bad_values_name_the_field():
-    want = {"wmrl": "inverse_variance", "denoise_only": "inverse_variance", "real": "mean"}
-    want |= {"wm_only": "mean", "debias_only": "mean", "constant_wm": "mean"}
-    assert {m: rl.resolve_fusion("auto", m) for m in MODES} == want
-    assert {rl.resolve_fusion("mean", m) for m in MODES} == {"mean"}
+    want = {"wmrl": True, "denoise_only": True, "real": False}
+    want |= {"wm_only": False, "debias_only": False, "static_anchors": False}
+    assert {m: correct.resolve_fusion("auto", correct.MODE_SPECS[m]) for m in MODES} == want
+    assert {correct.resolve_fusion("mean", correct.MODE_SPECS[m]) for m in MODES} == {False}
+    assert {correct.resolve_fusion("inverse_variance", correct.MODE_SPECS[m]) for m in MODES} == {
+        True
+    }
     c = embodied_push.get_config("tiny")
     c.correction.sample_fusion = "median"
     with pytest.raises(ConfigError, match=r"config\.correction\.sample_fusion.*'median'"):

@@ -118,7 +118,7 @@ def test_bad_input_names_the_field():
 
 
 def test_default_heldout_evaluation_has_a_standard_error_of_at_most_0_03():
-    """The issue's bar: the binomial SE sqrt(p (1 - p) / n) at its worst (p = 0.5)."""
+    """The bar an evaluation must meet: the binomial SE sqrt(p (1 - p) / n) at worst (p = 0.5)."""
     n = embodied_push.get_config().rl.eval_episodes
     assert np.sqrt(0.25 / n) <= 0.03
 

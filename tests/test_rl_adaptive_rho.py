@@ -1,4 +1,4 @@
-"""The fidelity-driven anchor fraction in the trainer (`correction.adaptive_rho`, DESIGN.md
+"""The fidelity-driven anchor fraction in the trainer (`correction.adaptive_rho`, docs/method.md
 3.10): a padded anchor set corrects exactly as the unpadded one; the trainer's own rule, count
 and routing on synthetic pair streams (a good WM thins the anchors to rho_min, a collapsed one
 executes every group) without compiling anything new; routing nested in the count and blind
@@ -16,7 +16,7 @@ from tests.rl_fixtures import tiny_config
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.state import Pending
 from wmrl.core import routing
-from wmrl.core.correct import MODE_SPECS, correct_rewards
+from wmrl.core.correct import MODE_SPECS, StepInputs, correct_rewards
 from wmrl.core.debias import DebiasConfig
 from wmrl.core.denoise import DenoiseConfig
 from wmrl.core.state import init_correction_state
@@ -51,20 +51,26 @@ def test_padded_anchor_groups_correct_exactly_as_the_unpadded_ones():
         env_valid[4] = step != 2  # one ungraded anchor row
         static = np.zeros(B * G, bool)
         static[10] = True  # a statically fixed anchor row: out of the map and the diagnostic
-        args = (r_wm, r_env, env_valid, rows, groups)
-        tail = (static, np.where(static, 0.1, 0.0).astype(np.float32))
-        st_a, out_a, stats_a = plain(st_a, *args, anchors, *tail)
-        st_b, out_b, stats_b = padded(st_b, *args, np.array([1, 3, B, B]), *tail)
+        same = StepInputs(
+            r_wm=r_wm, r_env=r_env, env_valid=env_valid, anchor_groups=groups, anchor_index=anchors,
+            static_mask=static, static_reward=np.where(static, 0.1, 0.0).astype(np.float32),
+        )  # fmt: skip
+        a = plain(st_a, same)
+        b = padded(st_b, same._replace(anchor_index=np.array([1, 3, B, B])))
+        st_a, st_b = a.correction, b.correction
         for x, y in zip(jax.tree.leaves(st_a), jax.tree.leaves(st_b), strict=True):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
-        for k in out_a:
-            np.testing.assert_allclose(out_a[k], out_b[k], rtol=1e-6, atol=1e-7)
+        for k in ("rewards", "valid", "advantages", "calibrated"):
+            np.testing.assert_allclose(getattr(a, k), getattr(b, k), rtol=1e-6, atol=1e-7)
+        stats_a, stats_b = a.stats.as_dict(), b.stats.as_dict()
+        assert stats_a.keys() == stats_b.keys()
         for k in stats_a:
             if k == "wm_rank_corr" and step == 2:  # plain: the ungraded row enters as a 0
                 continue
             np.testing.assert_allclose(stats_a[k], stats_b[k], rtol=1e-5, atol=1e-6)
         # The rule's per-group agreement: the two anchor groups, then NaN for the padding.
-        agree = np.asarray(out_b["anchor_agreement"])
+        assert a.anchor_agreement is None
+        agree = np.asarray(b.anchor_agreement)
         assert agree.shape == (4,) and np.isnan(agree[2:]).all()
     assert bool(st_a.debias.monotone.fitted)  # the map was refitted on these steps
 
@@ -128,7 +134,8 @@ def _synthetic_steps(trainer, st, quality: str, steps: int, seed: int):
     """Drive the trainer's route -> correct -> rule phases on synthetic pair streams: the
     anchor groups of each step get real rewards and WM scores of the given quality. Returns
     the rho in force and the anchor count of each step."""
-    from wmrl.autoresearch.step import Exchanged, PhaseClock, Sampled
+    from wmrl.autoresearch.step import Exchanged, Sampled
+    from wmrl.experiment.step import PhaseClock
 
     B, G = trainer.B, trainer.G
     n = B * G
@@ -137,7 +144,7 @@ def _synthetic_steps(trainer, st, quality: str, steps: int, seed: int):
     rhos, counts = [], []
     for t in range(steps):
         key = jax.random.fold_in(jax.random.key(0), t)
-        r = trainer._route(st, sampled, key, PhaseClock())
+        r = trainer.route(st, sampled, key, PhaseClock())
         rhos.append(r.rho)
         counts.append(int(r.is_anchor.sum()))
         r_env = rng.permutation(np.linspace(0.1, 0.9, n)).astype(np.float32)  # no ties
@@ -148,8 +155,10 @@ def _synthetic_steps(trainer, st, quality: str, steps: int, seed: int):
             status=status, origin=None, trained_tasks=None, collected=1, new_executions=0,
             pending=None,
         )  # fmt: skip
-        c = trainer._correct_phase(st, r, sampled._replace(step=t), x)
-        st = st.replace(correction=c.correction, adaptive_rho=trainer._next_rule_state(st, c))
+        c = trainer._correct_phase(st, r, x)
+        st = st.replace(
+            correction=c.result.correction, adaptive_rho=trainer._next_rule_state(st, c)
+        )
     return np.asarray(rhos), counts
 
 
@@ -305,8 +314,9 @@ def test_a_full_sandbox_pool_queues_the_anchors_and_never_changes_which_they_are
     submitted at once (queued: no free slot), and all four execute and are journalled."""
     from wmrl.autoresearch.anchors import AnchorJournal, AnchorQueue
     from wmrl.autoresearch.env.pool import SandboxPool
-    from wmrl.autoresearch.step import PhaseClock, Sampled
+    from wmrl.autoresearch.step import Sampled
     from wmrl.core.fidelity import AdaptiveRhoState
+    from wmrl.experiment.step import PhaseClock
 
     trainer, st = adaptive_trainer
     collapsed = AdaptiveRhoState(ema=jnp.float32(0.0), norm=jnp.float32(1.0), groups=jnp.int32(8))
@@ -319,11 +329,11 @@ def test_a_full_sandbox_pool_queues_the_anchors_and_never_changes_which_they_are
     pool = SandboxPool(1, time_limit_cap_s=10.0)
     saved, trainer.anchors = trainer.anchors, AnchorQueue(journal, pool, lag=0)
     try:
-        routed = trainer._route(st, sampled, key, PhaseClock())
+        routed = trainer.route(st, sampled, key, PhaseClock())
         assert routed.rho == 1.0 and list(routed.submit_idx) == [0, 1, 2, 3]
         sub = trainer._submit(sampled, routed)
         assert pool.free_slots() == 0  # more anchors than slots: the pool queues them
-        again = trainer._route(st, sampled, key, PhaseClock())
+        again = trainer.route(st, sampled, key, PhaseClock())
         np.testing.assert_array_equal(again.is_anchor, routed.is_anchor)
         out = trainer.anchors.collect(sub)
         assert (out.status != int(Status.UNGRADED)).all() and out.new == 4

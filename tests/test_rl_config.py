@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from tests.rl_fixtures import load_config, run_main
+from tests.rl_fixtures import load_config, run_main, tiny_config
 from wmrl.autoresearch.config import (
     config_differences,
     groups_per_step,
@@ -36,6 +36,7 @@ def test_default_config_is_valid():
         ("correction.rho", 1.5, "config.correction"),
         ("rl.steps", 0, "config.rl.steps"),
         ("rl.static_check", "lint", "config.rl.static_check"),
+        ("correction.sample_fusion", "median", "config.correction.sample_fusion"),
         ("rl.eval_at_s", (30.0, 10.0), "config.rl.eval_at_s: points must increase"),
         ("rl.eval_at_s", (0.0, 10.0), "config.rl.eval_at_s: point 0 must be a number > 0"),
         ("data.heldout_scripts_per_task", 0, "config.data.heldout_scripts_per_task: must be"),
@@ -251,3 +252,35 @@ def test_cli_nan_learning_rate_writes_nothing(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config.rl.learning_rate" in proc.stderr and "Traceback" not in proc.stderr
     assert not wd.exists()
+
+
+def test_anchor_lag_is_refused_with_multi_turn_episodes(tmp_path):
+    """With K > 1 an anchor episode's next turn needs its real observation: a lag of one step
+    cannot apply, and it is refused instead of being silently ignored."""
+    c = tiny_config(tmp_path / "d", tmp_path / "i", env__turns=2, data__max_prompt_len=400)
+    c.rl.anchor_lag = 1
+    with pytest.raises(ConfigError, match=r"^config\.rl\.anchor_lag: must be 0 with env\.turns=2"):
+        validate_autoresearch_config(c)
+    c.rl.anchor_lag = 0
+    validate_autoresearch_config(c)
+
+
+def test_saved_runs_resume_under_what_their_fields_did(tmp_path):
+    """A multi-turn run saved with anchor_lag 1 ran without a lag; a run saved before
+    correction.sample_fusion fused by inverse variance in every mode: the same as `auto` in
+    wmrl, not in wm_only (there it is named, with how to continue it as it was)."""
+    from wmrl.autoresearch.config import config_differences, legacy_hint
+
+    two = tiny_config(tmp_path / "d", tmp_path / "i", env__turns=2, data__max_prompt_len=400)
+    saved = json.loads(two.to_json_best_effort())
+    saved["rl"]["anchor_lag"] = 1
+    two.rl.anchor_lag = 0
+    assert config_differences(saved, two) == []
+    for mode, differs in (("wmrl", False), ("wm_only", True)):
+        c = tiny_config(tmp_path / "d", tmp_path / "i", mode=mode)
+        saved = json.loads(c.to_json_best_effort())
+        del saved["correction"]["sample_fusion"]
+        diff = config_differences(saved, c)
+        assert diff == (["correction.sample_fusion"] if differs else []), mode
+        if differs:
+            assert "--config.correction.sample_fusion=inverse_variance" in legacy_hint(saved, diff)

@@ -10,7 +10,7 @@ import pytest
 from wmrl.autoresearch.config import MODE_SPECS
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.state import Replay
-from wmrl.core.correct import correct_rewards
+from wmrl.core.correct import StepInputs, correct_rewards
 from wmrl.core.debias import DebiasConfig, init_debias_state, update_debias
 from wmrl.core.denoise import DenoiseConfig, DenoiseState
 from wmrl.core.state import CorrectionState, init_correction_state
@@ -64,25 +64,28 @@ ANCHOR_ROWS = np.repeat(ANCHOR_GROUPS, G)
 
 
 def run(correction, mode, env_valid=None, static=None):
-    env_valid = ANCHOR_ROWS if env_valid is None else env_valid
-    static_args = () if static is None else (jnp.asarray(static >= 0), jnp.asarray(static))
-    return correct_rewards(
-        correction, jnp.asarray(R_WM), jnp.asarray(R_ENV), jnp.asarray(env_valid),
-        jnp.asarray(ANCHOR_ROWS), jnp.asarray(ANCHOR_GROUPS), jnp.array([1]), *static_args,
-        group_size=G, spec=MODE_SPECS[mode], debias_cfg=DEBIAS, denoise_cfg=DENOISE,
-        normalize_std=True, baseline="mean",
+    """(new correction state, the StepCorrection, its stats) of one step on the fixed rows."""
+    inputs = StepInputs(
+        r_wm=R_WM, r_env=R_ENV, env_valid=ANCHOR_ROWS if env_valid is None else env_valid,
+        anchor_groups=ANCHOR_GROUPS, anchor_index=np.array([1]),
+        static_mask=None if static is None else static >= 0, static_reward=static,
     )  # fmt: skip
+    res = correct_rewards(
+        correction, jax.tree.map(jnp.asarray, inputs), group_size=G, spec=MODE_SPECS[mode],
+        debias_cfg=DEBIAS, denoise_cfg=DENOISE, normalize_std=True, baseline="mean",
+    )  # fmt: skip
+    return res.correction, res, res.stats
 
 
 def test_anchors_use_real_rewards_and_wm_groups_calibrated_scores():
     _, out, stats = run(fitted_state(), "debias_only")
     expected = np.where(ANCHOR_ROWS, R_ENV, cal(R_WM))
-    np.testing.assert_allclose(out["rewards"], expected, atol=1e-6)
-    np.testing.assert_allclose(out["advantages"], numpy_grpo(expected, np.ones(9, bool)), atol=1e-5)
-    assert bool(stats["calibrated"])
+    np.testing.assert_allclose(out.rewards, expected, atol=1e-6)
+    np.testing.assert_allclose(out.advantages, numpy_grpo(expected, np.ones(9, bool)), atol=1e-5)
+    assert bool(stats.calibrated)
     # wm_only uses the raw WM scores for the same groups
     _, raw, _ = run(fitted_state(), "wm_only")
-    np.testing.assert_allclose(raw["rewards"], np.where(ANCHOR_ROWS, R_ENV, R_WM), atol=1e-6)
+    np.testing.assert_allclose(raw.rewards, np.where(ANCHOR_ROWS, R_ENV, R_WM), atol=1e-6)
 
 
 def test_static_check_rows_take_the_exact_reward_and_stay_out_of_the_map():
@@ -97,8 +100,8 @@ def test_static_check_rows_take_the_exact_reward_and_stay_out_of_the_map():
     new, out, _ = run(state, "debias_only", static=static)
     expected = np.where(ANCHOR_ROWS, R_ENV, R_WM)  # the map is not fitted yet: identity
     expected[1], expected[7] = 0.0, 0.1
-    np.testing.assert_allclose(out["rewards"], expected, atol=1e-6)  # anchors keep real ones
-    np.testing.assert_allclose(out["advantages"], numpy_grpo(expected, np.ones(9, bool)), atol=1e-5)
+    np.testing.assert_allclose(out.rewards, expected, atol=1e-6)  # anchors keep real ones
+    np.testing.assert_allclose(out.advantages, numpy_grpo(expected, np.ones(9, bool)), atol=1e-5)
     # Pairs entering the map's window: the two non-static anchor rows (3 and 4), not row 5;
     # without the static rows all three enter.
     assert int(new.debias.monotone.size) == 2
@@ -109,13 +112,13 @@ def test_ungraded_trajectories_are_masked_not_scored_zero():
     valid = ANCHOR_ROWS.copy()
     valid[4] = False  # the anchor group's middle script came back ungraded
     _, out, _ = run(fitted_state(), "debias_only", env_valid=valid)
-    assert not bool(out["valid"][4]) and float(out["advantages"][4]) == 0.0
+    assert not bool(out.valid[4]) and float(out.advantages[4]) == 0.0
     # the other two anchors are standardised between themselves only: +1 and -1
     mask = np.ones(9, bool)
     mask[4] = False
     expected = numpy_grpo(np.where(ANCHOR_ROWS, R_ENV, cal(R_WM)), mask)
-    np.testing.assert_allclose(out["advantages"], expected, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(out["advantages"])[[3, 5]], [-1.0, 1.0], atol=1e-4)
+    np.testing.assert_allclose(out.advantages, expected, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out.advantages)[[3, 5]], [-1.0, 1.0], atol=1e-4)
 
 
 def test_anchor_weight_reaches_only_anchor_groups():
@@ -126,7 +129,7 @@ def test_anchor_weight_reaches_only_anchor_groups():
     corr = fitted_state().replace(denoise=frozen)
     _, plain, _ = run(corr, "debias_only")
     _, weighted, stats = run(corr, "wmrl")
-    w = float(stats["anchor_weight"])
+    w = float(stats.anchor_weight)
     # by hand: the anchor group's disagreement after calibration, folded into the EMA
     real = R_ENV[3:6]
     c = cal(R_WM[3:6])  # the anchor group's calibrated WM scores
@@ -135,7 +138,7 @@ def test_anchor_weight_reaches_only_anchor_groups():
     ema = (decay * 0.5 + (1 - decay) * s2) / (decay * 1.0 + (1 - decay))
     assert w == pytest.approx(min(max(1 + 3.0 * ema, 1.0), 4.0), rel=1e-4)
     assert w > 1.5
-    adv_p, adv_w = np.asarray(plain["advantages"]), np.asarray(weighted["advantages"])
+    adv_p, adv_w = np.asarray(plain.advantages), np.asarray(weighted.advantages)
     np.testing.assert_allclose(adv_w[ANCHOR_ROWS], w * adv_p[ANCHOR_ROWS], rtol=1e-5)
     np.testing.assert_array_equal(adv_w[~ANCHOR_ROWS], adv_p[~ANCHOR_ROWS])
 
@@ -143,7 +146,7 @@ def test_anchor_weight_reaches_only_anchor_groups():
 def test_real_mode_diagnostics_do_not_touch_the_correction_state():
     state = init_correction_state(DEBIAS)
     new, _, stats = run(state, "real")
-    assert float(stats["anchor_weight"]) == 1.0
+    assert float(stats.anchor_weight) == 1.0
     assert int(new.debias.monotone.size) == int(state.debias.monotone.size) == 0
 
 

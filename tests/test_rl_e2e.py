@@ -248,9 +248,9 @@ def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
         corrections = []
         correct_fn = trainer._correct
 
-        def spy_correct(*args):
-            out = correct_fn(*args)
-            corrections.append((args, out[1]))
+        def spy_correct(state, inputs):
+            out = correct_fn(state, inputs)
+            corrections.append((inputs, out))
             return out
 
         trainer._correct = spy_correct
@@ -288,15 +288,15 @@ def test_anchor_lag_trains_on_the_previous_steps_anchors(rl_shared, tmp_path):
         P = config.data.max_prompt_len
         assert config.rl.static_check == "names"
         flagged = 0
-        for batch, (args, out) in zip(batches, corrections, strict=True):
-            wm_rows = ~np.asarray(args[4])
+        for batch, (inputs, out) in zip(batches, corrections, strict=True):
+            wm_rows = ~np.repeat(np.asarray(inputs.anchor_groups), config.rl.group_size)
             scripts = trainer._decode(batch["tokens"][:, P:], batch["input_mask"][:, P:])
             verdict = [static_outcome(x.encode()) for x in scripts]
             expected = {None: np.nan, Status.MALFORMED: 0.0, Status.RUNTIME_ERROR: 0.1}
             exact = np.array([expected[v and v[0]] for v in verdict])
             known = ~np.isnan(exact)
-            np.testing.assert_array_equal(np.asarray(args[7])[wm_rows], known[wm_rows])
-            rewards = np.asarray(out["rewards"])
+            np.testing.assert_array_equal(np.asarray(inputs.static_mask)[wm_rows], known[wm_rows])
+            rewards = np.asarray(out.rewards)
             np.testing.assert_allclose(rewards[wm_rows & known], exact[wm_rows & known], atol=1e-7)
             assert (rewards[wm_rows & ~known] != 0.0).all()  # WM scores (never exactly 0)
             flagged += int((wm_rows & known).sum())

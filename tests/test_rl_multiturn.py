@@ -22,8 +22,9 @@ def _clean(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.endswith(TIMING)}
 
 
-def _drive(trainer_cls, config, s, workdir, steps: int):
-    """Evaluate, `steps` RL steps, evaluate: (metrics, pairs, evals, final state)."""
+def _drive(trainer_cls, config, s, workdir, steps: int, rule_calls: list | None = None):
+    """Evaluate, `steps` RL steps, evaluate: (metrics, pairs, evals, final state). With
+    `rule_calls`, every update of the adaptive anchor fraction's state is appended to it."""
     from wmrl.autoresearch.env.pool import SandboxPool
 
     workdir.mkdir(parents=True)
@@ -34,6 +35,9 @@ def _drive(trainer_cls, config, s, workdir, steps: int):
         st = trainer.initial_state(s.policy_params, s.wm_params)
         evals.append(trainer.evaluate(st))
         trainer.warmup(st)
+        if rule_calls is not None:  # from here on: the steps' updates
+            update = trainer._rho_update
+            trainer._rho_update = lambda *a: rule_calls.append(a) or update(*a)
         for _ in range(steps):
             st, m, p = trainer.run_step(st)
             metrics.append(m)
@@ -51,21 +55,29 @@ def _arrays(st) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(trees)]
 
 
-# `real` (no WM stream) is the simpler reduction; the fast suite keeps `wmrl`.
-@pytest.mark.parametrize("mode", ["wmrl", pytest.param("real", marks=pytest.mark.slow)])
-def test_one_turn_episodes_equal_the_single_turn_trainer(rl_shared, tmp_path, mode):
+# `real` (no WM stream) is the simpler reduction; the fast suite keeps `wmrl`, and `wmrl` with
+# the fidelity-driven anchor fraction (its rule must be applied by the episode trainer too).
+@pytest.mark.parametrize(
+    "mode,adaptive",
+    [("wmrl", False), ("wmrl", True), pytest.param("real", False, marks=pytest.mark.slow)],
+)
+def test_one_turn_episodes_equal_the_single_turn_trainer(rl_shared, tmp_path, mode, adaptive):
     """The episode trainer at K = 1 (synchronous anchors, as the single-turn trainer with
     `rl.anchor_lag = 0`) gives the single-turn trainer's metrics, pairs, evaluations and
-    every array of the final state exactly: the episode logic reduces to single-turn."""
+    every array of the final state exactly: the episode logic reduces to single-turn. With
+    `correction.adaptive_rho` the rule's state and the rho in force are the same too."""
     from wmrl.autoresearch.experiment import prepare_stages
     from wmrl.autoresearch.multiturn import MultiTurnTrainer
     from wmrl.autoresearch.trainer import Trainer
 
     data_dir, init_dir = rl_shared
-    config = tiny_config(data_dir, init_dir, mode=mode, rl__anchor_lag=0)
+    config = tiny_config(
+        data_dir, init_dir, mode=mode, rl__anchor_lag=0, correction__adaptive_rho=adaptive
+    )
     s = prepare_stages(config, tmp_path / "stages", progress=False)
-    single = _drive(Trainer, config, s, tmp_path / "single", steps=2)
-    episodes = _drive(MultiTurnTrainer, config, s, tmp_path / "episodes", steps=2)
+    calls = {"single": [], "episodes": []} if adaptive else {"single": None, "episodes": None}
+    single = _drive(Trainer, config, s, tmp_path / "single", 2, calls["single"])
+    episodes = _drive(MultiTurnTrainer, config, s, tmp_path / "episodes", 2, calls["episodes"])
     for a, b in zip(single[0], episodes[0], strict=True):  # metrics: every single-turn key
         a = _clean(a)
         assert a == {k: v for k, v in _clean(b).items() if k in a}
@@ -80,6 +92,11 @@ def test_one_turn_episodes_equal_the_single_turn_trainer(rl_shared, tmp_path, mo
         assert b["heldout_reward_by_turn"] == [pytest.approx(a["heldout_reward"])]
     for x, y in zip(_arrays(single[3]), _arrays(episodes[3]), strict=True):
         np.testing.assert_array_equal(x, y)
+    if adaptive:  # the rule measured the anchor groups of both steps, in both trainers
+        assert len(calls["single"]) == len(calls["episodes"]) == 2
+        rule_single, rule_episodes = single[3].adaptive_rho, episodes[3].adaptive_rho
+        for x, y in zip(jax.tree.leaves(rule_single), jax.tree.leaves(rule_episodes), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_trajectory_reward_is_the_best_turn_and_by_turn_curves():
@@ -185,12 +202,13 @@ def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
         trainer.warmup(st)
         step = trainer._policy_step
         trainer._policy_step = lambda state, batch: (batches.append(batch), step(state, batch))[1]
-        key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
-        k_gen, k_route = jax.random.split(key)
-        from wmrl.autoresearch.step import PhaseClock
+        from wmrl.experiment.step import PhaseClock
 
-        tasks = trainer._tasks_for_step(st.step)
-        ep, _ = trainer.rollout(st, tasks, k_gen, k_route, PhaseClock())
+        keys, clock = trainer.keys(st), PhaseClock()  # the step's own phases, replayed
+        first = trainer.sample(st, keys.sample, clock)
+        ep = trainer.rollout(
+            st, first, trainer.route(st, first, keys.route, clock), keys.sample, clock
+        )
         st, _, _ = trainer.run_step(st)
     finally:
         trainer.journal.close()
@@ -206,7 +224,7 @@ def test_observation_tokens_carry_no_loss(mt_shared, tmp_path):
     for i in range(N):  # turn 2's prompt holds turn 1's observation, in the masked columns
         row = batch["tokens"][N + i]
         prompt = tok.decode(row[:P][batch["input_mask"][N + i, :P]])
-        task = trainer.episode_tasks[tasks[i // config.rl.group_size].id]
+        task = trainer.episode_tasks[first.row_tasks[i].id]
         obs_text = render_observation(ep.observations[0][i], task.metric_name)
         assert f"### TURN 1 RESULT\n{obs_text}" in prompt, prompt[-300:]
     grad = jax.grad(

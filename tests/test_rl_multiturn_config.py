@@ -22,8 +22,7 @@ def test_tiny_config_is_single_turn_and_multiturn_config_is_valid():
     c = multiturn_config()
     tc = validate_autoresearch_config(c)
     assert (tc.turns, c.env.turns) == (3, 3)
-    assert tc.anchor_lag == 0  # synchronous anchors for K > 1, whatever rl.anchor_lag says
-    assert c.rl.anchor_lag == 1
+    assert tc.anchor_lag == c.rl.anchor_lag == 0  # synchronous anchors for K > 1
     assert c.data.max_prompt_len >= history.min_prompt_len(c.data.max_new_tokens)
     assert validate_autoresearch_config(load_config()).anchor_lag == 1
 

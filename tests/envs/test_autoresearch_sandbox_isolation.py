@@ -1,4 +1,4 @@
-"""Sandbox attacks of the second review round (issue 19), each run for real through a pool.
+"""Sandbox attacks of the second review round, each run for real through a pool.
 
 Each test plays the attack as a sandboxed script and checks the outcome the fix guarantees;
 the shared checks (no process left under a sandbox uid) come from test_autoresearch_sandbox.
@@ -151,7 +151,7 @@ try:  # the kernel's copy of the original environment block (root-owned once non
     seen["environ"] = names(open("/proc/self/environ", "rb").read())
 except OSError as e:
     print("environ-denied", e.errno)
-# The stack, read back as the issue's attacker did: process_vm_readv on itself.
+# The stack, read back as the reviewer's attacker did: process_vm_readv on itself.
 line = next(l for l in open("/proc/self/maps") if l.rstrip().endswith("[stack]"))
 lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from wmrl import storage
 from wmrl.config_errors import ConfigError
-from wmrl.core.correct import MODE_SPECS, MODES, ModeSpec
+from wmrl.core.correct import MODE_SPECS, MODES, SAMPLE_FUSIONS, ModeSpec, resolve_fusion
 from wmrl.core.debias import DebiasConfig
 from wmrl.core.denoise import DenoiseConfig
 from wmrl.core.fidelity import AdaptiveRhoConfig
@@ -47,6 +47,8 @@ LEGACY_DEFAULTS = {
     "env.turns": 1, "env.sft_episodes_per_task": 4, "rl.seed": -1,
     "wm.policy_samples_per_task": 0, "wm.policy_validation_every": 4,
     "wm.seed": -1, "wm.pretrain_eval_every": 0, "wm.pretrain_patience": 5,
+    # Runs before the field fused the WM members by inverse variance in every mode.
+    "correction.sample_fusion": "inverse_variance",
 }  # fmt: skip
 
 RESUMABLE_FIELDS = (
@@ -188,6 +190,11 @@ def _check_numbers(config) -> None:
     _positive(config, "wm.validation_every", 0)
     _check_policy_samples(config)
     _check_wm_pretraining(config)
+    if config.correction.sample_fusion not in SAMPLE_FUSIONS:
+        raise ConfigError(
+            "config.correction.sample_fusion",
+            f"must be one of {SAMPLE_FUSIONS}, got {config.correction.sample_fusion!r}",
+        )
     spacing = config.correction.bin_spacing
     if spacing not in ("equal_width", "equal_mass"):
         raise ConfigError(
@@ -252,7 +259,7 @@ def _check_wm_pretraining(config) -> None:
 
 
 def _check_adaptive_rho(config) -> None:
-    """`correction.adaptive_rho`, `rho_min`, `rho_max` (DESIGN.md 3.10): fractions in [0, 1],
+    """`correction.adaptive_rho`, `rho_min`, `rho_max` (docs/method.md 3.10): fractions in [0, 1],
     `rho_min <= rho_max` (checked whether or not the rule is on), and the rule only where a
     WM stream is measured and may be thinned."""
     c = config.correction
@@ -381,6 +388,12 @@ def _check_turns(config) -> None:
             "config.env.turns", f"must be an integer >= 1 (scripts per episode), got {turns!r}"
         )
     _positive(config, "env.sft_episodes_per_task", 0)
+    if turns > 1 and config.rl.anchor_lag:
+        raise ConfigError(
+            "config.rl.anchor_lag",
+            f"must be 0 with env.turns={turns}: an anchor episode's next turn is written from its "
+            "real observation, so its executions cannot run a step behind",
+        )
     need = min_prompt_len(config.data.max_new_tokens)
     if turns > 1 and config.data.max_prompt_len < need:
         raise ConfigError(
@@ -510,6 +523,7 @@ class TrainerConfig:
     replay_size: int
     wm_head_coefs: dict  # the observation heads' loss weights (`models.head_coefs`)
     time_limit_cap_s: float  # suite.time_limit_s: caps each task's limit (0 = none)
+    fuse: bool  # the WM members fused by inverse variance (else their mean)
     routing: RoutingConfig
     debias: DebiasConfig
     denoise: DenoiseConfig
@@ -524,7 +538,7 @@ def trainer_config(config) -> TrainerConfig:
         mode=config.mode, spec=spec, seed=rl_seed(config), groups=groups_per_step(config),
         group_size=rl.group_size, prompt_len=config.data.max_prompt_len,
         new_tokens=config.data.max_new_tokens, turns=config.env.turns,
-        anchor_lag=int(rl.anchor_lag) if spec.uses_wm and config.env.turns == 1 else 0,
+        anchor_lag=int(rl.anchor_lag) if spec.uses_wm else 0,
         static_check=rl.static_check if spec.uses_wm else "off",
         temperature=rl.temperature, normalize_std=rl.normalize_std, baseline=rl.baseline,
         std_eps=rl.std_eps, eval_samples=rl.eval_samples, learning_rate=rl.learning_rate,
@@ -533,6 +547,7 @@ def trainer_config(config) -> TrainerConfig:
         wm_head_coefs={k: float(wm[k]) for k in ("runtime_coef", "error_type_coef",
                                                  "validation_coef")},
         time_limit_cap_s=config.suite.time_limit_s,
+        fuse=resolve_fusion(config.correction.sample_fusion, spec),
         routing=routing_config(config), debias=debias_config(config),
         denoise=denoise_config(config), adaptive_rho=adaptive_rho_config(config),
     )  # fmt: skip
@@ -561,6 +576,19 @@ def legacy_hint(saved: dict, diff: list[str]) -> str:
     return f" (written before {', '.join(old)} existed: pass {flags} to continue it as it was)"
 
 
+def _resolved(flat: dict) -> dict:
+    """Fields compared by what they do: `correction.sample_fusion` as the fusion it means in
+    the run's mode (a run saved with `inverse_variance` in `wmrl` resumes under `auto`);
+    `rl.anchor_lag` as 0 with `env.turns` > 1 (multi-turn runs saved with 1 ran without one)."""
+    if flat.get("env.turns", 1) > 1 and flat.get("rl.anchor_lag"):
+        flat = {**flat, "rl.anchor_lag": 0}  # saved before it was refused: they ran with none
+    fusion, mode = flat.get("correction.sample_fusion"), flat.get("mode")
+    if fusion in SAMPLE_FUSIONS and mode in MODE_SPECS:
+        fused = resolve_fusion(fusion, MODE_SPECS[mode])
+        flat = {**flat, "correction.sample_fusion": "inverse_variance" if fused else "mean"}
+    return flat
+
+
 def config_differences(saved: dict, config) -> list[str]:
     """Fields (dotted) whose values differ between a saved config.json and `config` (a
     ConfigDict or a plain dict), ignoring those a resumed run may change."""
@@ -569,6 +597,7 @@ def config_differences(saved: dict, config) -> list[str]:
     for k, v in LEGACY_DEFAULTS.items():
         if k in now:  # compare like with like: a fingerprint holds only its own fields
             before.setdefault(k, v)
+    now, before = _resolved(now), _resolved(before)
     norm = lambda v: list(v) if isinstance(v, tuple) else v
     keys = sorted(set(now) | set(before))
     return [

@@ -1,6 +1,6 @@
 """The prompt of turn t of a multi-turn episode: the task card plus the history, in budget.
 
-DESIGN.md section 4: an episode has K turns (`env.turns`); the prompt of turn t is the task
+docs/method.md 4: an episode has K turns (`env.turns`); the prompt of turn t is the task
 card (`data.prompt_text` without its script separator) followed by the history of turns
 1..t-1 and the script separator, so turn 1's prompt is exactly the single-turn prompt:
 

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (DESIGN.md section 4): the agent revises its script from feedback.
+"""Multi-turn episodes (docs/method.md 4): the agent revises its script from feedback.
 
 `MultiTurnTrainer` is the `Trainer` of `env.turns` = K > 1 (K = 1 runs the single-turn
 `Trainer` itself, unchanged). One RL step rolls out the step's N = B*G episodes turn by turn:
@@ -27,7 +27,7 @@
    every observation) carries no loss, only the agent's own tokens of each turn. The WM is
    fine-tuned on every real turn of the anchor episodes (their real observations' targets).
 
-Anchors are synchronous for K > 1 (`rl.anchor_lag` is ignored): an anchor episode's turn t+1
+Anchors are synchronous for K > 1 (`rl.anchor_lag` must be 0): an anchor episode's turn t+1
 is sampled from its turn t's real observation, so nothing of it can run a step behind.
 Every real turn is journalled with its observation (`anchors.jsonl`, rows `t*N + i`), so a
 step redone after preemption rebuilds the same prompts from the journal without executing
@@ -62,7 +62,6 @@ from wmrl.autoresearch.state import RunState
 from wmrl.autoresearch.step import (
     Corrected,
     Exchanged,
-    PhaseClock,
     Routed,
     Sampled,
     Updated,
@@ -70,7 +69,9 @@ from wmrl.autoresearch.step import (
     static_outcomes,
     step_metrics,
 )
-from wmrl.autoresearch.trainer import STEP_TIMES, Trainer
+from wmrl.autoresearch.trainer import Trainer
+from wmrl.core.correct import StepInputs
+from wmrl.experiment.step import PhaseClock
 from wmrl.models.sampler import generate
 
 UNGRADED = int(Status.UNGRADED)
@@ -130,6 +131,15 @@ def observations_from_arrays(a: dict[str, np.ndarray]) -> list[Observation]:
         for s, e, r, v in zip(a["status"], a["error_type"], a["runtime"], a["validation"],
                               strict=True)
     ]  # fmt: skip
+
+
+class EpisodeStep(NamedTuple):
+    """act (multi-turn): the rolled-out episodes, and the step's batch of every turn's rows
+    (`Sampled` as the single-turn record, the last turn's scripts) with its exchange."""
+
+    episodes: Episodes
+    sampled: Sampled
+    exchanged: Exchanged
 
 
 @dataclasses.dataclass
@@ -277,12 +287,14 @@ class MultiTurnTrainer(Trainer):
 
     # -- the rollout ---------------------------------------------------------------------
 
-    def rollout(self, st: RunState, tasks, key, k_route, clock, execute: bool = True):
-        """K turns of the step's episodes; returns (Episodes, Routed). With `execute` False
-        (the warm-up's compile pass) no script runs: every observation is the WM's."""
+    def rollout(self, st: RunState, s: Sampled, routed: Routed, key, clock, execute=True):
+        """The K turns of the step's episodes from their first turn `s` (sampled as
+        single-turn, then routed). With `execute` False (the warm-up's compile pass) no script
+        runs: every observation is the WM's."""
         K, G = self.K, self.G
-        N = len(tasks) * G
-        row_tasks = [t for t in tasks for _ in range(G)]
+        N = len(s.scripts)
+        row_tasks = s.row_tasks
+        tasks = row_tasks[::G]
         past = [[] for _ in range(N)]
         rows_k, scripts_k, obs_k = [], [], []
         status = np.full((K, N), UNGRADED, np.int32)
@@ -291,13 +303,14 @@ class MultiTurnTrainer(Trainer):
         real = {"runtime": np.full((K, N), np.nan, np.float32),
                 "error_type": np.full((K, N), -1, np.int32),
                 "validation": np.full((K, N), np.nan, np.float32)}  # fmt: skip
-        routed, new = None, 0
+        new = 0
         for t in range(K):
-            with clock("generate_s"):
-                params = st.policy.params
-                rows, scripts = self._turn(params, t, tasks, row_tasks, past, self.sc, key)
-            if routed is None:
-                routed = self._route(st, Sampled(st.step, row_tasks, rows, scripts), k_route, clock)
+            if t == 0:
+                rows, scripts = s.rows, s.scripts
+            else:
+                with clock("generate_s"):
+                    params = st.policy.params
+                    rows, scripts = self._turn(params, t, tasks, row_tasks, past, self.sc, key)
             idx = routed.anchor_idx if execute else np.zeros(0, np.int64)
             with clock("execute_s"):  # submission to collection, as single-turn
                 ex = self._submit_turns(
@@ -325,39 +338,48 @@ class MultiTurnTrainer(Trainer):
             rows_k.append(rows)
             scripts_k.append(scripts)
             obs_k.append(obs)
-        return Episodes(rows_k, scripts_k, obs_k, status, reward, r_wm, real, new), routed
+        return Episodes(rows_k, scripts_k, obs_k, status, reward, r_wm, real, new)
 
     # -- one RL step ---------------------------------------------------------------------
 
-    def run_step(self, st: RunState) -> tuple[RunState, dict, list[dict]]:
-        """One RL step over K-turn episodes (module docstring); returns the new state, the
-        step's metrics and its anchor pairs (trajectory level, with every turn's)."""
-        clock = PhaseClock(STEP_TIMES)
-        key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
-        k_gen, k_route = jax.random.split(key)
-        tasks = self._tasks_for_step(st.step)
-        ep, routed = self.rollout(st, tasks, k_gen, k_route, clock)
+    # The phases of `wmrl.experiment.step.run_step` (`Trainer.run_step`): `sample` (turn 1,
+    # as single-turn), `route` and `keys` are the single-turn trainer's.
+
+    def act(self, st: RunState, s: Sampled, r: Routed, key, clock) -> EpisodeStep:
+        """act: the episodes' later turns (the anchors' executed, the others' observed by the
+        WM) and the step's training rows."""
+        ep = self.rollout(st, s, r, key, clock)
         with clock("train_s"):
-            sampled, exchanged = self._episode_batch(st, tasks, ep, routed)
-            corrected = self._correct_episodes(st, routed, ep, exchanged)
-            updated = self._update_episodes(st, routed, ep, exchanged, corrected)
-        metrics = step_metrics(
-            sampled, routed, exchanged, corrected, updated, self.spec.uses_wm, clock.seconds,
-            rho=self.routing.rho,
-        )  # fmt: skip
-        metrics.update(self._turn_metrics(routed, ep, exchanged))
+            sampled, x = self._episode_batch(st, s.row_tasks[:: self.G], ep, r)
+        return EpisodeStep(ep, sampled, x)
+
+    def correct(self, st: RunState, r: Routed, a: EpisodeStep, clock) -> Corrected:
+        with clock("train_s"):
+            return self._correct_episodes(st, r, a.episodes, a.exchanged)
+
+    def update(self, st: RunState, r: Routed, a: EpisodeStep, c: Corrected, clock) -> Updated:
+        with clock("train_s"):
+            return self._update_episodes(st, r, a.episodes, a.exchanged, c)
+
+    def finish(self, st, s: Sampled, r: Routed, a: EpisodeStep, c: Corrected, u: Updated, clock):
+        """The new state, the step's metrics and its anchor pairs (trajectory level, with
+        every turn's)."""
+        ep, sampled, x = a
+        metrics = step_metrics(sampled, r, x, c, u, self.spec.uses_wm, clock.seconds, rho=r.rho)
+        metrics.update(self._turn_metrics(r, ep, x))
         wall = float(distributed.allgather_host(np.float64(clock.elapsed())).max())
-        n_rows, n_real = len(sampled.scripts), len(routed.anchor_idx) * self.K
+        n_rows, n_real = len(sampled.scripts), len(r.anchor_idx) * self.K
         new_state = dataclasses.replace(
-            st, step=st.step + 1, policy=updated.policy, wm=updated.wm,
-            correction=corrected.correction, replay=updated.replay,
+            st, step=st.step + 1, policy=u.policy, wm=u.wm,
+            correction=c.result.correction, replay=u.replay,
             wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_real,
             wm_calls=st.wm_calls + (n_rows * self.K if self.spec.uses_wm else 0),
+            adaptive_rho=self._next_rule_state(st, c),
         )  # fmt: skip
         metrics["real_executions_step"] = n_real
         metrics["wall_time_s"] = new_state.wall_time_s
         metrics["real_executions"] = new_state.real_executions
-        return new_state, metrics, self._pairs(ep, exchanged, corrected)
+        return new_state, metrics, self._pairs(ep, x, c)
 
     def _episode_batch(self, st, tasks, ep: Episodes, routed: Routed):
         """The step's training rows (K turns x N episodes, turn-major) with the reference
@@ -409,19 +431,19 @@ class MultiTurnTrainer(Trainer):
         x_r_wm = r_wm
         env_valid = routed.anchor_rows & (x.status != UNGRADED)
         static_reward = np.array([_ladder(v) if v >= 0 else 0.0 for v in static], np.float32)
-        correction, out, stats = self._correct(
-            st.correction, jnp.asarray(x_r_wm), jnp.asarray(x.r_env), jnp.asarray(env_valid),
-            jnp.asarray(routed.anchor_rows), jnp.asarray(routed.is_anchor),
-            jnp.asarray(np.nonzero(routed.is_anchor)[0]), jnp.asarray(static >= 0),
-            jnp.asarray(static_reward),
+        inputs = StepInputs(
+            r_wm=x_r_wm, r_env=x.r_env, env_valid=env_valid, anchor_groups=routed.is_anchor,
+            anchor_index=self._anchor_index(routed), static_mask=static >= 0,
+            static_reward=static_reward,
         )  # fmt: skip
-        return Corrected(correction, out, stats, static, env_valid)
+        result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))
+        return Corrected(result, static, env_valid)
 
     def _update_episodes(self, st, routed: Routed, ep: Episodes, x: Exchanged, c: Corrected):
         """The policy step on every turn's row (the episode's advantage on each) and the WM's
         online step on every real turn of the anchor episodes."""
         rows = x.rows
-        adv = np.tile(np.asarray(c.out["advantages"], np.float32), self.K)
+        adv = np.tile(np.asarray(c.result.advantages, np.float32), self.K)
         policy, pmetrics = self._policy_update(st, x, adv)
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:
@@ -474,8 +496,10 @@ class MultiTurnTrainer(Trainer):
         script is executed and the run's state, journal and pool are untouched."""
         t0 = time.monotonic()
         clock, key = PhaseClock(), jax.random.key(0)
-        tasks = self._tasks_for_step(st.step)
-        ep, routed = self.rollout(st, tasks, key, key, clock, execute=False)
+        sampled = self.sample(st, key, clock)
+        routed = self.route(st, sampled, key, clock)
+        ep = self.rollout(st, sampled, routed, key, clock, execute=False)
+        tasks = sampled.row_tasks[:: self.G]
         _, x = self._episode_batch(st, tasks, ep, routed)
         corrected = self._correct_episodes(st, routed, ep, x)
         copy = lambda tree: jax.tree.map(jnp.copy, tree)

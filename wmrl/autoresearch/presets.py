@@ -44,6 +44,7 @@ TINY_SETTING = {
 # holds one turn's history (`wmrl.autoresearch.history.min_prompt_len`), two executed SFT episodes.
 TINY_MULTITURN_SETTING = {
     "env.turns": 2,
+    "rl.anchor_lag": 0,
     "data.max_prompt_len": 400,
     "env.sft_episodes_per_task": 2,
 }

@@ -1,10 +1,11 @@
-"""The records that flow between the phases of one RL step, its clock, and its metrics.
+"""The records that flow between the phases of one AutoResearch RL step, and its metrics.
 
-`Trainer.run_step` (wmrl/autoresearch/trainer.py) is a linear driver of phases, each a method with a
-typed record in and out (purejaxrl's `Transition`, tunix's `TrainExample`):
+The step is `wmrl.experiment.step.run_step` over the trainer's phases (`Trainer` in
+wmrl/autoresearch/trainer.py), each a method with a typed record in and out (purejaxrl's
+`Transition`, tunix's `TrainExample`):
 
-    sample -> route -> (submit anchors) -> score -> exchange anchors -> correct -> update
-      Sampled   Routed                     Scored    Exchanged          Corrected  Updated
+    sample -> route -> act: (submit anchors, score, exchange anchors) -> correct -> update
+      Sampled   Routed        Scored     Exchanged                       Corrected  Updated
 
 and `step_metrics` turns the records into the step's metrics and anchor pairs. Arrays are
 numpy, N = B*G rows of width L (prompt P columns, then the completion).
@@ -12,8 +13,6 @@ numpy, N = B*G rows of width L (prompt P columns, then the completion).
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections import Counter
 from typing import NamedTuple
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from wmrl.autoresearch.env.grader import Status, static_outcome
 from wmrl.autoresearch.state import Pending, Replay
-from wmrl.core.state import CorrectionState
+from wmrl.core.correct import StepCorrection
 from wmrl.models.train_steps import TrainState
 
 
@@ -77,14 +76,16 @@ class Exchanged(NamedTuple):
     runtime_s: np.ndarray | None = None
     error_type: np.ndarray | None = None
     validation: np.ndarray | None = None
+    # [N] the scripts sampled this step (the anchor positions' trained scripts, spliced in
+    # with the lag, are decoded from their tokens where a verifier needs them).
+    scripts: list | None = None
 
 
 class Corrected(NamedTuple):
-    """correct: rewards, advantages and the new correction state."""
+    """correct: the shared correction's result (`wmrl.core.correct.StepCorrection`: rewards,
+    advantages, the new correction state, diagnostics) and what the step fed it."""
 
-    correction: CorrectionState
-    out: dict  # rewards, valid, advantages, calibrated [N]
-    stats: dict  # scalar diagnostics
+    result: StepCorrection
     static: np.ndarray  # [N] int status known without execution, -1 elsewhere
     env_valid: np.ndarray  # [N] bool graded anchor positions
 
@@ -98,26 +99,6 @@ class Updated(NamedTuple):
     policy_metrics: dict
 
 
-class PhaseClock:
-    """Seconds per named phase, accumulated: `with clock("train_s"): ...` (a name may be
-    timed several times in a step, and timers may nest)."""
-
-    def __init__(self, names: tuple[str, ...] = ()):
-        self.start = time.monotonic()
-        self.seconds: dict[str, float] = dict.fromkeys(names, 0.0)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        t0 = time.monotonic()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - t0
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-
 def no_exchange(sampled: Sampled, scored: Scored, pending: Pending) -> Exchanged:
     """An exchange with no anchor outcome (warm-up compiles the later phases on it)."""
     n = len(sampled.scripts)
@@ -127,7 +108,7 @@ def no_exchange(sampled: Sampled, scored: Scored, pending: Pending) -> Exchanged
         origin=[(sampled.step, i) for i in range(n)], trained_tasks=list(sampled.row_tasks),
         collected=0, new_executions=0, pending=pending,
         runtime_s=np.full(n, np.nan, np.float32), error_type=np.full(n, -1, np.int32),
-        validation=np.full(n, np.nan, np.float32),
+        validation=np.full(n, np.nan, np.float32), scripts=list(sampled.scripts),
     )  # fmt: skip
 
 
@@ -211,7 +192,7 @@ def step_metrics(
         "static_malformed": int((c.static[wm_rows] == int(Status.MALFORMED)).sum()),
         "static_runtime_error": int((c.static[wm_rows] == int(Status.RUNTIME_ERROR)).sum()),
         "policy_kl": _mean(u.policy_metrics, "kl"),
-        **{k: _scalar(v) for k, v in c.stats.items()},
+        **{k: _scalar(v) for k, v in c.result.stats.as_dict().items()},
     }
     if uses_wm:
         err = np.abs(x.r_wm - x.r_env)[c.env_valid]
@@ -223,7 +204,7 @@ def step_metrics(
 
 def anchor_pairs(x: Exchanged, c: Corrected) -> list[dict]:
     """pairs.jsonl records: the graded anchor positions' (raw WM, calibrated, real)."""
-    cal, st = np.asarray(c.out["calibrated"]), c.static
+    cal, st = np.asarray(c.result.calibrated), c.static
     return [
         {"step": x.origin[i][0] + 1, "row": x.origin[i][1], "task_id": x.trained_tasks[i].id,
          "status": int(x.status[i]), "r_wm": float(x.r_wm[i]), "r_cal": float(cal[i]),

@@ -1,12 +1,12 @@
 """The RL loop: generate, route, score with the WM while anchors execute, correct, update.
 
-One step (DESIGN.md section 3), for B training tasks x G scripts:
+One step (docs/method.md 3), for B training tasks x G scripts:
 
 1. **Generate** G scripts per task with the jitted sampler (tokens + policy log-probs).
 2. **Route** whole groups to real execution: `real` executes every group; the other modes
    pick `rho` of the groups (at least `min_groups`), uniformly or partly by WM variance;
    with `correction.adaptive_rho` the rho in force follows the WM stream's within-group
-   agreement measured on the anchors (`wmrl.core.fidelity`, DESIGN.md 3.10).
+   agreement measured on the anchors (`wmrl.core.fidelity`, docs/method.md 3.10).
 3. **Score**: the anchor scripts go to the sandbox pool first, then, while they execute,
    the WM scores every trajectory and the reference policy's log-probs are computed.
 4. **Debias** (monotone map fitted on anchor pairs) and **denoise** (anchor weight from the
@@ -17,10 +17,11 @@ One step (DESIGN.md section 3), for B training tasks x G scripts:
 6. **WM online**: the anchor outcomes (real rewards only) join a replay buffer the WM is
    fine-tuned on.
 
-`run_step` reads as that list: each phase is a method with a typed record in and out
-(`wmrl.autoresearch.step`), timed by one `PhaseClock`; `warmup` compiles by calling the same phases.
-The correction maths is `wmrl.core.correct`, the anchor stream `wmrl.autoresearch.anchors`, the
-state `wmrl.autoresearch.state`.
+`run_step` is the shared driver `wmrl.experiment.step.run_step` over this class's phases
+(`sample`, `route`, `act`, `correct`, `update`, `finish`), each a method with a typed record
+in and out (`wmrl.autoresearch.step`), timed by one `PhaseClock`; `warmup` compiles by
+calling the same phases. The correction maths is `wmrl.core.correct`, the anchor stream
+`wmrl.autoresearch.anchors`, the state `wmrl.autoresearch.state`.
 
 Everything a resumed run needs is in the checkpoint (`checkpoint.py`); every real anchor
 outcome is also journalled to `anchors.jsonl` the moment it completes, so a step cut short
@@ -56,7 +57,6 @@ from wmrl.autoresearch.state import TOKEN_ARRAYS, Pending, Replay, RunState
 from wmrl.autoresearch.step import (
     Corrected,
     Exchanged,
-    PhaseClock,
     Routed,
     Sampled,
     Scored,
@@ -68,9 +68,10 @@ from wmrl.autoresearch.step import (
     step_metrics,
 )  # fmt: skip
 from wmrl.core import fidelity
-from wmrl.core.correct import correct_rewards
+from wmrl.core.correct import StepInputs, correct_rewards
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import init_correction_state
+from wmrl.experiment.step import PhaseClock, StepKeys, run_step
 from wmrl.models.train_steps import TrainState, make_logprobs_fn, make_wm_score_fn
 
 # The step's timings in metrics.jsonl (execute_s spans submission to collection, overlapping
@@ -104,7 +105,7 @@ class Trainer:
         self.max_len = model_setup.seq_len(config)
         # Rows are [prompt: P columns, left-padded | completion]: log-probs from column P on.
         self.logprobs = make_logprobs_fn(policy.graphdef, policy.shardings, policy.mesh, self.P)
-        self.wm_score = make_wm_score_fn(wm.graphdef, wm.shardings, wm.mesh)
+        self.wm_score = make_wm_score_fn(wm.graphdef, wm.shardings, wm.mesh, fuse=tc.fuse)
         self.train = self.prepared.train_tasks
         tasks = self.train + prepared.heldout_tasks
         self.prompts = {t.id: rldata.task_prompt(config, t) for t in tasks}
@@ -174,11 +175,11 @@ class Trainer:
         """
         t0 = time.monotonic()
         clock, key = PhaseClock(), jax.random.key(0)
-        sampled = self._sample(st, key, clock)
-        routed = self._route(st, sampled, key, clock)
+        sampled = self.sample(st, key, clock)
+        routed = self.route(st, sampled, key, clock)
         scored = self._score(st, sampled, routed, clock)
         exchanged = no_exchange(sampled, scored, self.no_pending)
-        corrected = self._correct_phase(st, routed, sampled, exchanged)
+        corrected = self._correct_phase(st, routed, exchanged)
         self._next_rule_state(st, corrected)  # the adaptive rule's update (when on)
         copy = lambda tree: jax.tree.map(jnp.copy, tree)
         # One filled replay row, so that the WM's online step runs (and compiles) too.
@@ -216,7 +217,8 @@ class Trainer:
     # -- one RL step ---------------------------------------------------------------------
 
     def run_step(self, st: RunState) -> tuple[RunState, dict, list[dict]]:
-        """One RL step; returns the new state, the step's metrics and its anchor pairs.
+        """One RL step (`wmrl.experiment.step.run_step` over the phases below); returns the
+        new state, the step's metrics and its anchor pairs.
 
         With `rl.anchor_lag = 1` (modes with a WM stream) the step's anchor rows execute in
         the background and the step trains on the previous step's anchor rows in their place
@@ -224,47 +226,66 @@ class Trainer:
         real outcomes, generation-time log-probs and WM scores. The first step has none and
         masks those positions out.
         """
-        clock = PhaseClock(STEP_TIMES)
+        return run_step(self, st)
+
+    def clock(self) -> PhaseClock:
+        return PhaseClock(STEP_TIMES)
+
+    def keys(self, st: RunState) -> StepKeys:
+        """Generation and routing keys: a pure function of the run's seed and the step. `act`
+        gets the generation key too (multi-turn: turn t samples with it folded with t)."""
         key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
         k_gen, k_route = jax.random.split(key)
-        sampled = self._sample(st, k_gen, clock)
-        routed = self._route(st, sampled, k_route, clock)
+        return StepKeys(sample=k_gen, route=k_route, act=k_gen)
+
+    def act(self, st: RunState, s: Sampled, r: Routed, key, clock: PhaseClock) -> Exchanged:
+        """act: the anchor scripts go to the sandbox, the WM scores every row and the
+        reference log-probs are computed while they execute, then the outcomes this step
+        trains on are collected (`_exchange`)."""
         with clock("execute_s"):
-            submission = self._submit(sampled, routed)
-            scored = self._score(st, sampled, routed, clock)  # while the anchors execute
-            exchanged = self._exchange(st, sampled, routed, scored, submission, clock)
-        if not self.anchors.lag or not len(routed.submit_idx):
+            submission = self._submit(s, r)
+            scored = self._score(st, s, r, clock)  # while the anchors execute
+            exchanged = self._exchange(st, s, r, scored, submission, clock)
+        if not self.anchors.lag or not len(r.submit_idx):
             clock.seconds["anchor_wait_s"] = clock.seconds["execute_s"]
+        return exchanged
+
+    def correct(self, st: RunState, r: Routed, x: Exchanged, clock: PhaseClock) -> Corrected:
         with clock("train_s"):
-            corrected = self._correct_phase(st, routed, sampled, exchanged)
-            updated = self._update(st, routed, exchanged, corrected)
-        metrics = step_metrics(
-            sampled, routed, exchanged, corrected, updated, self.spec.uses_wm, clock.seconds,
-            rho=routed.rho,
-        )  # fmt: skip
+            return self._correct_phase(st, r, x)
+
+    def update(
+        self, st: RunState, r: Routed, x: Exchanged, c: Corrected, clock: PhaseClock
+    ) -> Updated:
+        with clock("train_s"):
+            return self._update(st, r, x, c)
+
+    def finish(self, st, s: Sampled, r: Routed, x: Exchanged, c: Corrected, u: Updated, clock):
+        """The new state, the step's metrics and its anchor pairs."""
+        metrics = step_metrics(s, r, x, c, u, self.spec.uses_wm, clock.seconds, rho=r.rho)
         # The slowest process's step time, so every process stops at the same step when a
         # wall-clock budget runs out.
         wall = float(distributed.allgather_host(np.float64(clock.elapsed())).max())
-        n_anchor, n_rows = len(routed.submit_idx), len(sampled.scripts)
+        n_anchor, n_rows = len(r.submit_idx), len(s.scripts)
         new_state = dataclasses.replace(
-            st, step=st.step + 1, policy=updated.policy, wm=updated.wm,
-            correction=corrected.correction, replay=updated.replay, pending=exchanged.pending,
-            wall_time_s=st.wall_time_s + wall, real_executions=st.real_executions + n_anchor,
+            st, step=st.step + 1, policy=u.policy, wm=u.wm, correction=c.result.correction,
+            replay=u.replay, pending=x.pending, wall_time_s=st.wall_time_s + wall,
+            real_executions=st.real_executions + n_anchor,
             wm_calls=st.wm_calls + (n_rows if self.spec.uses_wm else 0),
-            adaptive_rho=self._next_rule_state(st, corrected),
+            adaptive_rho=self._next_rule_state(st, c),
         )  # fmt: skip
         metrics["wall_time_s"] = new_state.wall_time_s
         metrics["real_executions"] = new_state.real_executions
-        return new_state, metrics, anchor_pairs(exchanged, corrected)
+        return new_state, metrics, anchor_pairs(x, c)
 
-    def _sample(self, st: RunState, key, clock: PhaseClock) -> Sampled:
+    def sample(self, st: RunState, key, clock: PhaseClock) -> Sampled:
         """sample: G scripts for each of the step's B tasks (a pure function of seed, step)."""
         tasks = self._tasks_for_step(st.step)
         with clock("generate_s"):
             rows, scripts = self._generate(st.policy.params, tasks, self.sc, key)
         return Sampled(st.step, [t for t in tasks for _ in range(self.G)], rows, scripts)
 
-    def _route(self, st: RunState, s: Sampled, key, clock: PhaseClock) -> Routed:
+    def route(self, st: RunState, s: Sampled, key, clock: PhaseClock) -> Routed:
         """route: the anchor groups (`wmrl.core.routing`); uncertainty routing scores the WM
         first, for its predictive variance.
 
@@ -313,7 +334,7 @@ class Trainer:
         collapsed group counts as no agreement; groups that say nothing are skipped)."""
         if self.rule is None:
             return st.adaptive_rho
-        return self._rho_update(st.adaptive_rho, c.out["anchor_agreement"])
+        return self._rho_update(st.adaptive_rho, c.result.anchor_agreement)
 
     def _submit(self, s: Sampled, r: Routed) -> Submission:
         """The anchor scripts go to the sandbox pool (journal hits reused)."""
@@ -373,28 +394,34 @@ class Trainer:
                 x.origin[i], x.trained_tasks[i] = (got.step, int(row)), task
         return x
 
-    def _correct_phase(self, st: RunState, r: Routed, s: Sampled, x: Exchanged) -> Corrected:
+    def _correct_phase(self, st: RunState, r: Routed, x: Exchanged) -> Corrected:
         """correct: static verdicts, then the jitted correction (`wmrl.core.correct`)."""
         idx = r.anchor_idx
         env_valid = r.anchor_rows & (x.status != int(Status.UNGRADED))
-        static = np.full(len(s.scripts), -1, np.int32)
+        static = np.full(len(x.r_wm), -1, np.int32)
         if self.static_check:  # anchor rows: the scripts trained on (with the lag, decoded)
-            trained = list(s.scripts)
+            trained = list(x.scripts)
             P = self.P
             decoded = self._decode(x.rows["tokens"][idx, P:], x.rows["input_mask"][idx, P:])
             for i, text in zip(idx, decoded, strict=True):
                 trained[i] = text
             static = static_outcomes(trained, idx, x.status, self.static_names)
         static_reward = np.array([status_reward(v) if v >= 0 else 0.0 for v in static], np.float32)
-        groups = np.nonzero(r.is_anchor)[0]
-        if self.rule is not None:  # a static count: padded with B (ignored) to the most
-            groups = np.concatenate([groups, np.full(self.max_anchor_groups - len(groups), self.B)])
-        correction, out, stats = self._correct(
-            st.correction, jnp.asarray(x.r_wm), jnp.asarray(x.r_env), jnp.asarray(env_valid),
-            jnp.asarray(r.anchor_rows), jnp.asarray(r.is_anchor), jnp.asarray(groups),
-            jnp.asarray(static >= 0), jnp.asarray(static_reward),
+        inputs = StepInputs(
+            r_wm=x.r_wm, r_env=x.r_env, env_valid=env_valid, anchor_groups=r.is_anchor,
+            anchor_index=self._anchor_index(r), static_mask=static >= 0,
+            static_reward=static_reward,
         )  # fmt: skip
-        return Corrected(correction, out, stats, static, env_valid)
+        result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))
+        return Corrected(result, static, env_valid)
+
+    def _anchor_index(self, r: Routed) -> np.ndarray:
+        """The anchor groups' indices; under the adaptive rule a static count, padded with B
+        (ignored) to the most a step can have, so the correction never compiles again."""
+        groups = np.nonzero(r.is_anchor)[0]
+        if self.rule is None:
+            return groups
+        return np.concatenate([groups, np.full(self.max_anchor_groups - len(groups), self.B)])
 
     def _policy_update(self, st: RunState, x: Exchanged, advantages: np.ndarray):
         """The policy's step on the exchanged rows with these per-row advantages (compiled on
@@ -410,7 +437,7 @@ class Trainer:
         """update: the policy step on the batch; the WM's online step on the replay of real
         outcomes (it learns only from those)."""
         rows, idx = x.rows, r.anchor_idx
-        policy, pmetrics = self._policy_update(st, x, np.asarray(c.out["advantages"]))
+        policy, pmetrics = self._policy_update(st, x, np.asarray(c.result.advantages))
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:
             anchor = {k: rows[k][idx] for k in ("tokens", "input_mask")}

@@ -1,1 +1,1 @@
-"""Synthetic bandits that reproduce the WMRL theory (DESIGN.md sections 2 and 4)."""
+"""Synthetic bandits that reproduce the WMRL theory (docs/method.md 2 and 4)."""

@@ -2,7 +2,7 @@
 
 One `jax.jit` compiles the whole run of one variant: an outer `lax.scan` over logging chunks,
 an inner `lax.scan` over steps, `jax.vmap` over seeds inside the step. Each step follows the
-WMRL step of DESIGN.md 3 on a softmax (or linear-softmax, contextual) policy:
+WMRL step of docs/method.md 3 on a softmax (or linear-softmax, contextual) policy:
 
   sample B pulls in B/G groups -> WM-score every pull (M heads) -> route anchor groups, which
   are also executed for real -> calibrate WM scores (keyed offsets by arm / monotone map) ->
@@ -45,14 +45,15 @@ class VariantSpec:
 
 
 def mode_variant(mode: ModeSpec) -> VariantSpec:
-    """A WMRL mode of the shared table (`wmrl.core.correct.MODE_SPECS`) as a bandit variant:
-    the bandit WM's debiasing is keyed by arm and its denoising is the sample-level fusion
-    plus the stream-level anchor weight; anchors are executed when a correction needs them."""
+    """A WMRL mode of the shared table (`wmrl.core.correct.MODE_SPECS`) as a bandit variant,
+    with the switches it has in every experiment: every WM mode executes its anchor groups
+    for real and trains on their real rewards (the mode's corrections are what differ); the
+    bandit WM's debiasing is keyed by arm, its sample-level fusion is the mode's `fuse` and
+    the anchor weight its `denoise`."""
     if not mode.uses_wm:
         return VariantSpec(reward="real")
     return VariantSpec(
-        reward="wm", anchors=mode.debias or mode.denoise,
-        debias="keyed" if mode.debias else "none", fuse=mode.denoise,
+        reward="wm", anchors=True, debias="keyed" if mode.debias else "none", fuse=mode.fuse,
         anchor_weight=mode.denoise,
     )  # fmt: skip
 
@@ -146,11 +147,8 @@ def wm_heads(problem: BanditProblem, rng: jax.Array, arms: jax.Array, x: jax.Arr
 
 def wm_score(means: jax.Array, log_vars: jax.Array, fuse: bool) -> tuple[jax.Array, jax.Array]:
     """WM score and its variance per pull: inverse-variance fusion or the plain head average."""
-    if fuse:
-        mu, var, _ = denoise.fuse_ensemble(means, log_vars, axis=0)
-        return mu, var
-    m = means.shape[0]
-    return means.mean(axis=0), jnp.exp(log_vars).sum(axis=0) / m**2
+    mu, var, _ = denoise.combine_members(means, log_vars, fuse, axis=0)
+    return mu, var
 
 
 def score_variance_per_arm(problem: BanditProblem, fuse: bool) -> jax.Array:
@@ -296,7 +294,7 @@ def refit_due_maps(corr: CorrectionState, config: debias.DebiasConfig) -> Correc
     vmap over seeds: under `lax.cond` on "any seed due", steps where no seed is due skip the
     fit, which inside the vmap would run for every seed at every step. Every seed gets the
     same number of anchor pairs per step, so all are due together: the fit runs once every
-    `refit_every / anchor pulls` steps. Seeds that are not due keep their map (DESIGN.md 3.4).
+    `refit_every / anchor pulls` steps. Seeds that are not due keep their map (docs/method.md 3.4).
     """
     if not config.uses_monotone:
         return corr

@@ -32,7 +32,7 @@ from wmrl.embodied import experiment
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "embodied_push.py"
 
 MAIN_MODES = ("real", "wmrl")
-ABLATIONS = ("wm_only", "debias_only", "denoise_only", "constant_wm")
+ABLATIONS = ("wm_only", "debias_only", "denoise_only", "static_anchors")
 
 
 def _resampled_means(values, rng, reps: int) -> np.ndarray | None:
@@ -347,7 +347,7 @@ def define_flags() -> dict:
             "ablation_seeds", 1, "Seeds of each ablation (0 = off)."
         ),
         "ablations": flags.DEFINE_list(
-            "ablations", "wm_only,debias_only,denoise_only,constant_wm", "Ablation modes to run."
+            "ablations", "wm_only,debias_only,denoise_only,static_anchors", "Ablation modes to run."
         ),
         "out": flags.DEFINE_string("out", None, "JSON output file."),
         "steps": flags.DEFINE_integer("steps", 0, "RL steps per run (0 = the config's)."),

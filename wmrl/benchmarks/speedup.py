@@ -191,7 +191,7 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
             m: se_at_wall_clock(c, t_equal) for m, c in curves.items()
         },
         "equal_wall_clock_s": t_equal,
-        # The precision of every evaluation of the run (the bar: SE <= 0.03 each).
+        # The precision of every evaluation of the run (docs/method.md 6: SE <= 0.03 each).
         "heldout_reward_se_mean": {m: p["mean"] for m, p in precision.items()},
         "heldout_reward_se_max": {m: p["max"] for m, p in precision.items()},
         # Less noisy views of the same comparison (every evaluation up to t_equal counts):

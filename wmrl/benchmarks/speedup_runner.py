@@ -17,7 +17,7 @@ from pathlib import Path
 from wmrl.core.correct import MODE_SPECS
 from wmrl.jsonl import read_jsonl
 
-# By default `real`, `wmrl` and the control `static_anchors` (DESIGN.md 3.9: the same anchors
+# By default `real`, `wmrl` and the control `static_anchors` (docs/method.md 3.9: the same anchors
 # and static check, a WM that knows only the average): what `wmrl` gains over the control is
 # what the world model contributes.
 MODES = ("real", "wmrl", "static_anchors")

@@ -1,4 +1,4 @@
-"""The per-step reward correction of WMRL (DESIGN.md 3.4-3.6) and the table of modes.
+"""The per-step reward correction of WMRL (docs/method.md 3.4-3.6) and the table of modes.
 
 `correct` is the one correction, shared by the bandits (`wmrl.bandits.train`) and the
 AutoResearch trainer (`correct_rewards`, its jitted per-step form with advantages and
@@ -27,19 +27,28 @@ MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_ancho
 
 @dataclasses.dataclass(frozen=True)
 class ModeSpec:
-    """`real`: every group executed, no WM (standard GRPO). The others execute only the anchor
-    groups (same routing for all, so ablations differ only in the corrections) and fine-tune
-    the WM on them; WM groups get the WM score, raw or calibrated.
+    """Every switch of a mode, the same in every experiment.
 
-    `constant`: the control `static_anchors` (DESIGN.md 3.9): the same anchors and static
-    check as `wmrl`, but every WM row the check does not fix gets one shared reward, the
-    recent mean real reward of unflagged anchor scripts (a world model that knows only the
-    average); anchor weight 1, no calibration. What `wmrl` gains over it is what the world
-    model contributes."""
+    `real`: every group executed, no WM (standard GRPO). The others execute only the anchor
+    groups (the same routing for all, so ablations differ only in the corrections) and
+    fine-tune the WM on them; WM groups get the WM score, raw or calibrated.
+
+    uses_wm: the non-anchor groups are scored by a world model.
+    debias: Online Debiasing (the WM scores go through the estimator before advantages).
+    denoise: the stream-level anchor weight on the anchor groups' advantages.
+    fuse: sample-level denoising: the WM ensemble's members are fused by inverse variance
+      into one score (else their plain mean); an experiment's `correction.sample_fusion`
+      may override it by name (`resolve_fusion`).
+    constant: the control `static_anchors`: the same anchors and verifiers as `wmrl`, but
+      every WM row the verifiers do not fix gets one shared reward, the recent mean real
+      reward of unflagged anchor scripts (a world model that knows only the average); anchor
+      weight 1, no calibration. What `wmrl` gains over it is what the world model
+      contributes."""
 
     uses_wm: bool
     debias: bool
     denoise: bool
+    fuse: bool = False
     constant: bool = False
 
 
@@ -47,10 +56,33 @@ MODE_SPECS = {
     "real": ModeSpec(uses_wm=False, debias=False, denoise=False),
     "wm_only": ModeSpec(uses_wm=True, debias=False, denoise=False),
     "debias_only": ModeSpec(uses_wm=True, debias=True, denoise=False),
-    "denoise_only": ModeSpec(uses_wm=True, debias=False, denoise=True),
-    "wmrl": ModeSpec(uses_wm=True, debias=True, denoise=True),
+    "denoise_only": ModeSpec(uses_wm=True, debias=False, denoise=True, fuse=True),
+    "wmrl": ModeSpec(uses_wm=True, debias=True, denoise=True, fuse=True),
     "static_anchors": ModeSpec(uses_wm=True, debias=False, denoise=False, constant=True),
 }
+
+# `correction.sample_fusion`: how a WM's ensemble members become one score. `auto` is the
+# mode's `fuse`; the others force inverse-variance fusion or the members' plain mean.
+SAMPLE_FUSIONS = ("auto", "inverse_variance", "mean")
+
+
+def resolve_fusion(sample_fusion: str, spec: ModeSpec) -> bool:
+    """Whether the members are fused by inverse variance under `sample_fusion` (one of
+    `SAMPLE_FUSIONS`) in a mode of spec `spec`."""
+    if sample_fusion not in SAMPLE_FUSIONS:
+        raise ValueError(f"sample_fusion must be one of {SAMPLE_FUSIONS}, got {sample_fusion!r}")
+    return spec.fuse if sample_fusion == "auto" else sample_fusion == "inverse_variance"
+
+
+class AnchorViews(NamedTuple):
+    """The step's anchor groups seen from both streams ([A, G] unless said)."""
+
+    raw: jax.Array  # raw WM scores
+    stream: jax.Array  # the WM stream's rewards (calibrated, or fixed by a verifier)
+    env: jax.Array  # real rewards
+    ok: jax.Array  # bool: graded
+    learned: jax.Array  # bool: graded and scored by the WM (no verifier fixed them)
+    full: jax.Array  # [A] bool: every trajectory of the group graded
 
 
 class Correction(NamedTuple):
@@ -61,7 +93,7 @@ class Correction(NamedTuple):
     rewards: jax.Array  # [N] real rewards on anchor rows, the WM stream's elsewhere
     valid: jax.Array  # [N] bool, False on ungraded anchor rows (masked, never scored 0)
     weight: jax.Array  # the anchor weight for this step's anchor groups (1 when off)
-    anchors: dict  # [A, G] views of the anchor groups: raw, stream, env, ok, learned; full [A]
+    anchors: AnchorViews
 
 
 def correct(
@@ -118,36 +150,79 @@ def correct(
     rewards = put(stream, anchor_env)
     valid = put(jnp.ones(stream.shape, bool), ok)
     take = lambda x: x.reshape(-1, G).at[anchor_index].get(mode="fill", fill_value=0)
-    a = {"raw": take(r_wm), "stream": take(stream), "env": anchor_env, "ok": ok}
-    a["full"] = ok.all(axis=1)  # groups with every trajectory graded
-    deb, den, mean = corr.debias, corr.denoise, corr.anchor_mean
     pairs = ok if static_mask is None else ok & ~take(static_mask)  # the learned anchor rows
-    a["learned"] = pairs
+    a = AnchorViews(
+        raw=take(r_wm), stream=take(stream), env=anchor_env, ok=ok, learned=pairs,
+        full=ok.all(axis=1),
+    )  # fmt: skip
+    deb, den, mean = corr.debias, corr.denoise, corr.anchor_mean
     if constant_on:
         mean = fidelity.update_anchor_mean(mean, anchor_env.reshape(-1), pairs.reshape(-1))
     if debias_on:
         k = None if keys is None else take(keys).reshape(-1)
         deb = debias_lib.update_debias(
-            deb, a["raw"].reshape(-1), anchor_env.reshape(-1), k, pairs.reshape(-1), debias_cfg,
+            deb, a.raw.reshape(-1), anchor_env.reshape(-1), k, pairs.reshape(-1), debias_cfg,
             refit=refit,
         )  # fmt: skip
     if denoise_on:
-        den = denoise_lib.update_denoise(den, a["stream"], anchor_env, denoise_cfg, a["full"])
+        den = denoise_lib.update_denoise(den, a.stream, anchor_env, denoise_cfg, a.full)
     weight = denoise_lib.anchor_weight(den, denoise_cfg) if denoise_on else jnp.float32(1.0)
     new = CorrectionState(debias=deb, denoise=den, anchor_mean=mean)
     return Correction(new, calibrated, rewards, valid, weight, a)
 
 
+class StepInputs(NamedTuple):
+    """What one step's N = B*G rows got: the input of `correct_rewards`.
+
+    The anchor positions are the rows of the groups `anchor_groups`; `anchor_index` lists
+    them (a static count A: the jitted correction compiles once; with `padded`, entries equal
+    to B are padding). A row a verifier fixes (`static_mask`, e.g. a script that does not
+    compile is MALFORMED) takes `static_reward` instead of a WM score, and as an anchor its
+    pair stays out of the monotone map (the map calibrates the WM on what the WM scores)."""
+
+    r_wm: jax.Array  # [N] raw WM scores (zeros without a WM)
+    r_env: jax.Array  # [N] real rewards, read where env_valid
+    env_valid: jax.Array  # [N] bool: graded anchor rows (UNGRADED ones are masked, not 0)
+    anchor_groups: jax.Array  # [B] bool
+    anchor_index: jax.Array  # [A] int
+    static_mask: jax.Array | None = None  # [N] bool
+    static_reward: jax.Array | None = None  # [N]
+
+
+class CorrectionStats(NamedTuple):
+    """The step's scalar diagnostics (metrics.jsonl fields of the same names)."""
+
+    bias_reduction: jax.Array
+    residual_before: jax.Array
+    residual_after: jax.Array
+    wm_rank_corr: jax.Array  # raw WM vs real over graded anchor rows (pooled)
+    wm_stream_corr: jax.Array  # the WM stream's within-group Spearman on learned anchor rows
+    wm_stream_collapsed_groups: jax.Array
+    anchor_weight: jax.Array
+    calibrated: jax.Array  # bool: the monotone map was fitted before this step
+    train_reward: jax.Array  # mean reward over the valid rows
+    static_anchors_reward: jax.Array | None = None  # the control's shared reward (else None)
+
+    def as_dict(self) -> dict:
+        """The fields that exist in this mode, by name."""
+        return {k: v for k, v in self._asdict().items() if v is not None}
+
+
+class StepCorrection(NamedTuple):
+    """What `correct_rewards` returns."""
+
+    correction: CorrectionState  # the estimators after this step's anchor groups
+    rewards: jax.Array  # [N] real on anchor rows, the WM stream's elsewhere
+    valid: jax.Array  # [N] bool
+    advantages: jax.Array  # [N] group advantages, the anchor weight applied
+    calibrated: jax.Array  # [N] calibrated WM scores
+    stats: CorrectionStats
+    anchor_agreement: jax.Array | None = None  # [A] with `padded`: each anchor group's agreement
+
+
 def correct_rewards(
     correction: CorrectionState,
-    r_wm: jax.Array,
-    r_env: jax.Array,
-    env_valid: jax.Array,
-    anchor_rows: jax.Array,
-    anchor_groups: jax.Array,
-    anchor_index: jax.Array,
-    static_mask: jax.Array | None = None,
-    static_reward: jax.Array | None = None,
+    inputs: StepInputs,
     *,
     group_size: int,
     spec: ModeSpec,
@@ -157,83 +232,70 @@ def correct_rewards(
     baseline: str,
     std_eps: float = 1e-6,
     padded: bool = False,
-):
-    """The trainer's step: `correct`, then advantages and statistics (jitted per config).
+) -> StepCorrection:
+    """The trainers' step: `correct`, then advantages and statistics (jitted per config).
 
-    Returns `(new correction state, {"rewards", "valid", "advantages", "calibrated"} [N],
-    scalar stats)`.
-
-    r_wm: [N] raw WM scores (zeros in `real` mode); r_env: [N] real rewards (valid where
-    `env_valid`); anchor_rows: [N] bool; anchor_groups: [B] bool; anchor_index: [A] indices of
-    the anchor groups (static count A). static_mask / static_reward: [N] rows whose outcome
-    the environment fixes without executing them (`rl.static_check`: a script that does not
-    compile is MALFORMED) and that reward; they take it instead of a WM score, and their
-    anchor pairs stay out of the monotone map (it calibrates the WM on what it scores).
-
-    padded: `anchor_index` may end in padding entries (the group count B), so that the
+    padded: `inputs.anchor_index` may end in padding entries (the group count B), so that the
     number of anchor groups can change between steps without a new shape
     (`correction.adaptive_rho`): they are ignored like ungraded groups, the diagnostics are
-    taken over the real groups only, and `out["anchor_agreement"]` [A] is each anchor
-    group's within-group agreement of the WM stream (`fidelity.group_agreement`; NaN for
-    padding and groups that say nothing), what the adaptive rule folds in.
+    taken over the real groups only, and `anchor_agreement` [A] is each anchor group's
+    within-group agreement of the WM stream (`fidelity.group_agreement`; NaN for padding and
+    groups that say nothing), what the adaptive rule folds in.
     """
     G = group_size
+    x = inputs
+    r_wm, anchor_index = x.r_wm, x.anchor_index
+    static_mask, static_reward = x.static_mask, x.static_reward
     if static_mask is None:
-        static_mask = jnp.zeros_like(anchor_rows)
+        static_mask = jnp.zeros(r_wm.shape, bool)
         static_reward = jnp.zeros_like(r_wm)
-    take = lambda x: x.reshape(-1, G).at[anchor_index].get(mode="fill", fill_value=0)
+    take = lambda v: v.reshape(-1, G).at[anchor_index].get(mode="fill", fill_value=0)
     c = correct(
-        correction, r_wm, take(r_env), anchor_index, group_size=G, debias_on=spec.debias,
+        correction, r_wm, take(x.r_env), anchor_index, group_size=G, debias_on=spec.debias,
         denoise_on=spec.denoise, debias_cfg=debias_cfg, denoise_cfg=denoise_cfg,
-        anchor_ok=take(env_valid), static_mask=static_mask, static_reward=static_reward,
+        anchor_ok=take(x.env_valid), static_mask=static_mask, static_reward=static_reward,
         constant_on=spec.constant,
     )  # fmt: skip
-    a, full = c.anchors, c.anchors["full"]
-    masked = lambda x: jnp.where(full[:, None], x, 0.0).reshape(-1)
-    diag = debias_lib.bias_diagnostic(masked(a["raw"]), masked(a["stream"]), masked(a["env"]), G)
-    ok = a["ok"].reshape(-1)
+    a = c.anchors
+    masked = lambda v: jnp.where(a.full[:, None], v, 0.0).reshape(-1)
+    diag = debias_lib.bias_diagnostic(masked(a.raw), masked(a.stream), masked(a.env), G)
+    ok = a.ok.reshape(-1)
     if padded:  # over the real anchor groups only (padding would add tied zeros)
         live = anchor_index < r_wm.shape[0] // G
         scale = live.shape[0] / jnp.maximum(live.sum(), 1)  # the residuals average over A
         diag = {k: v * scale if k.startswith("residual") else v for k, v in diag.items()}
-        rank = fidelity.masked_spearman(a["raw"].reshape(-1), a["env"].reshape(-1), ok)
+        rank = fidelity.masked_spearman(a.raw.reshape(-1), a.env.reshape(-1), ok)
     else:
         rank = spearman(
-            jnp.where(ok, a["raw"].reshape(-1), 0.0), jnp.where(ok, a["env"].reshape(-1), 0.0)
+            jnp.where(ok, a.raw.reshape(-1), 0.0), jnp.where(ok, a.env.reshape(-1), 0.0)
         )
     adv = group_advantages(
         c.rewards, G, valid=c.valid, normalize_std=normalize_std, baseline=baseline, eps=std_eps
     )
     # The WM stream where GRPO uses it: its within-group order vs the real one on the anchor
-    # groups' learned rows (DESIGN.md 6), and the groups it flattened to one value.
-    corr_g = fidelity.within_group_spearman(
-        a["stream"].reshape(-1), a["env"].reshape(-1), a["learned"].reshape(-1), G
-    )
+    # groups' learned rows, and the groups it flattened to one value.
+    stream, env, learned = a.stream.reshape(-1), a.env.reshape(-1), a.learned.reshape(-1)
+    corr_g = fidelity.within_group_spearman(stream, env, learned, G)
     defined = ~jnp.isnan(corr_g)
     stream_corr = jnp.where(
         defined.any(), jnp.sum(jnp.where(defined, corr_g, 0.0)) / jnp.maximum(defined.sum(), 1),
         jnp.nan,
     )  # fmt: skip
-    collapsed = fidelity.collapsed_groups(
-        a["stream"].reshape(-1), a["raw"].reshape(-1), a["learned"].reshape(-1), G
+    adv = apply_anchor_weight(adv, G, x.anchor_groups, c.weight)
+    stats = CorrectionStats(
+        bias_reduction=diag["bias_reduction"],
+        residual_before=diag["residual_before"],
+        residual_after=diag["residual_after"],
+        wm_rank_corr=rank,
+        wm_stream_corr=stream_corr,
+        wm_stream_collapsed_groups=fidelity.collapsed_groups(stream, a.raw.reshape(-1), learned, G),
+        anchor_weight=c.weight,
+        calibrated=correction.debias.monotone.fitted if spec.debias else jnp.bool_(False),
+        train_reward=jnp.sum(jnp.where(c.valid, c.rewards, 0.0)) / jnp.maximum(c.valid.sum(), 1),
+        # the control's one shared reward this step (before its own anchors)
+        static_anchors_reward=(
+            fidelity.anchor_mean(correction.anchor_mean) if spec.constant else None
+        ),
     )
-    adv = apply_anchor_weight(adv, G, anchor_groups, c.weight)
-    stats = {
-        "bias_reduction": diag["bias_reduction"],
-        "residual_before": diag["residual_before"],
-        "residual_after": diag["residual_after"],
-        "wm_rank_corr": rank,
-        "wm_stream_corr": stream_corr,
-        "wm_stream_collapsed_groups": collapsed,
-        "anchor_weight": c.weight,
-        "calibrated": correction.debias.monotone.fitted if spec.debias else jnp.bool_(False),
-        "train_reward": jnp.sum(jnp.where(c.valid, c.rewards, 0.0)) / jnp.maximum(c.valid.sum(), 1),
-    }
-    if spec.constant:  # the control's one shared reward this step (before its own anchors)
-        stats["static_anchors_reward"] = fidelity.anchor_mean(correction.anchor_mean)
-    out = {"rewards": c.rewards, "valid": c.valid, "advantages": adv, "calibrated": c.calibrated}
-    if padded:
-        out["anchor_agreement"] = fidelity.group_agreement(
-            a["stream"].reshape(-1), a["env"].reshape(-1), a["learned"].reshape(-1), G
-        )
-    return c.correction, out, stats
+    agreement = fidelity.group_agreement(stream, env, learned, G) if padded else None
+    return StepCorrection(c.correction, c.rewards, c.valid, adv, c.calibrated, stats, agreement)

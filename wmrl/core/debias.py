@@ -1,4 +1,4 @@
-"""Online Debiasing (DESIGN.md 3.4): two estimators that do different jobs.
+"""Online Debiasing (docs/method.md 3.4): two estimators that do different jobs.
 
 * Keyed offsets `b(z)`: a running mean of `r_wm - r_env` per discrete key z (the arm in a
   bandit, optionally the task or the WM's predicted outcome class), over a window or as an EMA
@@ -35,7 +35,7 @@ DebiasMode = Literal["none", "keyed", "monotone", "both"]
 
 @dataclasses.dataclass(frozen=True)
 class DebiasConfig:
-    """Hyper-parameters of the bias estimator (DESIGN.md defaults)."""
+    """Hyper-parameters of the bias estimator (the method's defaults, docs/method.md 3)."""
 
     mode: DebiasMode = "monotone"
     # keyed offsets
@@ -384,7 +384,7 @@ def update_monotone_map(
 
 def monotone_refit_due(state: MonotoneMapState, config: DebiasConfig) -> jax.Array:
     """Whether the map is due a fit: `min_pairs` stored, and never fitted or `refit_every`
-    new pairs since the last fit (DESIGN.md 3.4)."""
+    new pairs since the last fit (docs/method.md 3.4)."""
     return (state.size >= max(config.min_pairs, 1)) & (
         (~state.fitted) | (state.since_fit >= config.refit_every)
     )

@@ -1,4 +1,4 @@
-"""Inverse-Variance Denoising at two levels (DESIGN.md 3.5).
+"""Inverse-Variance Denoising at two levels (docs/method.md 3.5).
 
 * Stream level (the paper's): on anchor groups, measure how much the calibrated WM scores
   disagree with the real scores *within* the group, track that disagreement with an EMA, and
@@ -50,10 +50,23 @@ def fuse_ensemble(
     return mu, var, epistemic
 
 
+def combine_members(
+    means: jax.Array, log_vars: jax.Array, fuse: bool, axis: int = 0
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """M member estimates of the same quantity as one: `fuse_ensemble` (inverse variance) or,
+    with `fuse` False, the plain mean `mean_m(mu_m)` with its variance `sum_m(v_m) / M^2`
+    (independent members). Returns (mu, var, epistemic `Var_m(mu_m)`), `axis` removed."""
+    if fuse:
+        return fuse_ensemble(means, log_vars, axis=axis)
+    m = means.shape[axis]
+    var = jnp.exp(log_vars).sum(axis=axis) / m**2
+    return means.mean(axis=axis), var, jnp.var(means, axis=axis)
+
+
 def cross_sample_weights(variances: jax.Array, group_size: int, eps: float = 1e-8) -> jax.Array:
     """OPTIONAL per-sample weights `(1/v_i) / mean_group(1/v)` across different trajectories.
 
-    Caveat (DESIGN.md 2): weighting *different* trajectories by their own inverse variance
+    Caveat (docs/method.md 2): weighting *different* trajectories by their own inverse variance
     changes the optimised objective to `sum_a pi(a) w(a) r(a)`; on a bandit whose best arm is the
     noisiest it converges to a worse, low-noise arm. Never the default; use it only for
     ablations (the bandit variant `cross_arm_iv` demonstrates the failure).
@@ -74,7 +87,7 @@ def cross_sample_weights(variances: jax.Array, group_size: int, eps: float = 1e-
 
 @dataclasses.dataclass(frozen=True)
 class DenoiseConfig:
-    """Stream-level denoising hyper-parameters (DESIGN.md defaults)."""
+    """Stream-level denoising hyper-parameters (the method's defaults, docs/method.md 3)."""
 
     half_life: float = 64.0  # in anchor groups
     warmup_groups: int = 32

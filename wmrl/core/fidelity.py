@@ -3,14 +3,14 @@
 GRPO only sees differences inside a group, so the world model's worth is its within-group
 rank agreement with real rewards, measured on the anchor groups (executed anyway). Rows whose
 reward a cheap verifier fixed (the static check) are left out: they measure the verifier, not
-the world model (DESIGN.md 6).
+the world model (docs/method.md 6).
 
 * `within_group_spearman`: per group, the Spearman correlation of the WM stream's rewards with
   the real rewards over the group's learned rows (ties get their average rank); undefined
   (NaN) for a group with fewer than two learned rows or with no variation on either side.
 * `collapsed_groups`: groups whose learned rows all received one WM-stream reward although
   their raw WM scores differ (the failure a flat calibration map causes).
-* Fidelity-driven anchor fraction (DESIGN.md 3.10, ours): an EMA of the per-group agreement
+* Fidelity-driven anchor fraction (docs/method.md 3.10, ours): an EMA of the per-group agreement
   moves the target anchor fraction between `rho_min` (the WM ranks well) and `rho_max`
   (it has collapsed: up to every group executed, i.e. standard GRPO), linearly between two
   agreement levels. Which groups are anchors stays a seeded uniform draw, so the calibration
@@ -180,7 +180,7 @@ def adaptive_rho(state: AdaptiveRhoState, config: AdaptiveRhoConfig) -> jax.Arra
 
 @struct.dataclass
 class AnchorMeanState:
-    """The `static_anchors` control's one shared reward (DESIGN.md 3.9): a world model that
+    """The `static_anchors` control's one shared reward (docs/method.md 3.9): a world model that
     knows only the average. An EMA (start-up corrected) of the real rewards of recent anchor
     scripts that the static check did not flag; `prior` (the executed corpus's mean reward)
     until the first one arrives."""

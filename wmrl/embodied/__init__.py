@@ -1,2 +1,2 @@
-"""Embodied transfer (DESIGN.md 4): WMRL post-trains a language-conditioned pushing policy in a
+"""Embodied transfer (docs/method.md 4): WMRL post-trains a language-conditioned pushing policy in a
 MuJoCo tabletop scene built in code. The correction maths is imported from `wmrl.core`."""

@@ -32,6 +32,7 @@ import numpy as np
 import optax
 
 from wmrl.config_errors import ConfigError
+from wmrl.core.correct import resolve_fusion
 from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import rl, rollout, stages
 from wmrl.embodied import world_model as wmodel
@@ -62,12 +63,13 @@ def _resolved(flat: dict) -> dict:
     """Compared by what a field does: `correction.sample_fusion` resolved for the mode (a run
     saved with `auto` resumes under the value `auto` resolves to); `image.*` only where the
     policy reads images (a state run, saved before the fields or not, ignores them)."""
+    if flat.get("mode") in rl.LEGACY_MODE_NAMES:  # the control, saved under its old name
+        flat = {**flat, "mode": rl.LEGACY_MODE_NAMES[flat["mode"]]}
     if flat.get("obs", "state") != "image":
         flat = {k: v for k, v in flat.items() if not k.startswith("image.")}
     if "correction.sample_fusion" in flat and flat.get("mode") in rl.MODE_SPECS:
-        flat["correction.sample_fusion"] = rl.resolve_fusion(
-            flat["correction.sample_fusion"], flat["mode"]
-        )
+        fused = resolve_fusion(flat["correction.sample_fusion"], rl.MODE_SPECS[flat["mode"]])
+        flat["correction.sample_fusion"] = "inverse_variance" if fused else "mean"
     return flat
 
 

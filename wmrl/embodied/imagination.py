@@ -1,4 +1,4 @@
-"""How far the world model's imagination is from the simulator (a measurement, issue 21).
+"""How far the world model's imagination is from the simulator (a measurement).
 
     python -m wmrl.embodied.imagination --init_dir=DIR [--groups=24] [--set wm.unroll=20]
         [--out=FILE.json]

@@ -1,6 +1,6 @@
 """GRPO post-training of the chunk policy with WMRL's correction, modes from the same code.
 
-One RL step (DESIGN.md 3, embodied):
+One RL step (docs/method.md 3, embodied):
   1. B start states (instruction + layout) from the training tasks, G rollouts each (a group).
   2. Route: `wmrl.core.routing.route_anchors` picks whole anchor groups (seeded by seed and
      step). Mode `real` executes every group.
@@ -17,7 +17,7 @@ One RL step (DESIGN.md 3, embodied):
      trainer's; it calls `wmrl.core.correct.correct`, the bandits' too) with the mode's row of
      `wmrl.core.correct.MODE_SPECS`: Online Debiasing, the anchor pairs folded into the
      estimators, real success in the anchor groups, group advantages and the stream-level
-     anchor weight. `constant_wm` is the table's constant-score control (`static_anchors`'s
+     anchor weight. `static_anchors` is the table's constant-score control (its
      spec; this setting has no static check): every WM episode gets the recent mean real
      success of the anchors.
   6. PPO-clip token loss `wmrl.core.grpo.token_policy_loss` over the action tokens with KL to
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,16 +43,14 @@ from wmrl.core.state import init_correction_state
 from wmrl.embodied import policy as pol
 from wmrl.embodied import rollout
 from wmrl.embodied import world_model as wmodel
+from wmrl.experiment.step import PhaseClock, StepKeys, run_step
 
-# The shared table's rows (`wmrl.core.correct.MODE_SPECS`); `constant_wm` is its constant-score
-# control (the spec of `static_anchors`, whose static check does not exist here). A denoising
-# mode also fuses the WM members by inverse variance (sample level, DESIGN.md 3.5) unless
-# `correction.sample_fusion` says otherwise (`resolve_fusion`).
-WMRL_MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl")
-MODE_SPECS = {
-    **{m: correct.MODE_SPECS[m] for m in WMRL_MODES},
-    "constant_wm": correct.MODE_SPECS["static_anchors"],
-}
+# The shared table (`wmrl.core.correct.MODE_SPECS`), every mode with the switches it has in
+# every experiment. `static_anchors` is the constant-score control; this setting has no
+# static check, so it is the same anchors with one shared score for every WM episode.
+MODE_SPECS = correct.MODE_SPECS
+# The control's name before the experiments shared one table (saved configs may hold it).
+LEGACY_MODE_NAMES = {"constant_wm": "static_anchors"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,24 +85,13 @@ class RLStatics:
     @property
     def fused(self) -> bool:
         """Whether the WM members are fused by inverse variance (else averaged)."""
-        return resolve_fusion(self.sample_fusion, self.mode) == "inverse_variance"
+        return correct.resolve_fusion(self.sample_fusion, self.spec)
 
     @property
     def anchor_group_count(self) -> int:
         if not self.uses_wm:
             return self.groups
         return int(routing.num_anchor_groups(self.groups, self.groups, self.routing))
-
-
-SAMPLE_FUSIONS = ("auto", "inverse_variance", "mean")
-
-
-def resolve_fusion(sample_fusion: str, mode: str) -> str:
-    """`correction.sample_fusion` for a mode: `auto` is the mode's row (inverse variance in
-    the denoising modes, the members' mean in the others); the other values are themselves."""
-    if sample_fusion == "auto":
-        return "inverse_variance" if MODE_SPECS[mode].denoise else "mean"
-    return sample_fusion
 
 
 def statics_from_config(config) -> RLStatics:
@@ -144,9 +131,54 @@ def statics_from_config(config) -> RLStatics:
     )
 
 
+class Starts(NamedTuple):
+    """sample: the step's start states, G per group (groups contiguous)."""
+
+    step: int
+    starts: list
+
+
+class BatchParts(NamedTuple):
+    """The policy batch's rows, in parts (the anchor groups' real episodes first)."""
+
+    obs: list
+    actions: list
+    logp: list
+    words: list
+    mask: list
+
+
+class Acted(NamedTuple):
+    """act: the real episodes of the A anchor groups, the nw WM groups' rows, the raw WM
+    scores and the correction's input."""
+
+    real: rollout.Episodes
+    A: int
+    nw: int
+    parts: BatchParts
+    anchor_wm: np.ndarray  # [A*G] the anchors' own raw WM scores (their pairs)
+    inputs: correct.StepInputs
+    metrics: dict
+
+
+class Updated(NamedTuple):
+    policy: object
+    policy_opt: object
+    policy_metrics: dict
+    wm: object
+    wm_opt: object
+    wm_metrics: dict
+    replay: dict
+
+
+def _step(st) -> int:
+    """The step `st` = (state, replay) starts (0-based)."""
+    return int(st[0]["step"])
+
+
 def init_rl_state(st: RLStatics, policy_params, wm_params, policy_tx, wm_tx):
     """The whole checkpointed RL state as one pytree (numpy/jax arrays only). The correction
-    state is the core's (`constant_wm`'s shared score starts at 0 before any anchor)."""
+    state is the core's (`static_anchors`'s shared score starts at 0 before any anchor)."""
     return {
         "step": np.zeros((), np.int32),
         "policy": policy_params,
@@ -161,10 +193,8 @@ def init_rl_state(st: RLStatics, policy_params, wm_params, policy_tx, wm_tx):
 
 def fused_score(means, log_vars, fuse: bool):
     """[M, N] member estimates -> ([N] WM score, [N] variance)."""
-    if fuse:
-        mu, var, _ = denoise.fuse_ensemble(means, log_vars, axis=0)
-        return mu, var
-    return means.mean(0), jnp.exp(log_vars).mean(0) / means.shape[0]
+    mu, var, _ = denoise.combine_members(means, log_vars, fuse, axis=0)
+    return mu, var
 
 
 def within_group_auc(scores: np.ndarray, real: np.ndarray) -> tuple[float, int]:
@@ -282,12 +312,12 @@ class Trainer:
         self.replay_value = jax.jit(
             lambda wm, obs, acts, t0, task: wmodel.replay_value(wm, obs, acts, t0, task, **common)
         )
-        self.sample = jax.jit(pol.sample_chunk, static_argnums=(0,))
+        self.sample_actions = jax.jit(pol.sample_chunk, static_argnums=(0,))
         self.wm_step = wmodel.make_train_step(
             self.wm_tx, self.velocities, st.push_distance, st.contact_gate
         )
         # The shared correction, jitted once per run (as the AutoResearch trainer does).
-        self.correct = jax.jit(
+        self.correct_rewards = jax.jit(
             functools.partial(
                 correct.correct_rewards,
                 group_size=st.group_size,
@@ -301,7 +331,7 @@ class Trainer:
 
     def real_episodes(self, params, starts, key) -> rollout.Episodes:
         def act(words, obs, c):
-            a, lp = self.sample(
+            a, lp = self.sample_actions(
                 self.graphdef,
                 params,
                 jnp.asarray(words),
@@ -314,141 +344,174 @@ class Trainer:
         return rollout.policy_rollouts(self.pool, starts, act, self.st.chunk)
 
     def step(self, state: dict, replay: dict) -> tuple[dict, dict, dict]:
-        """One RL step. Returns (new state, replay, metrics)."""
-        st, G, B = self.st, self.st.group_size, self.st.groups
-        t = int(state["step"])
-        key = jax.random.fold_in(self.key, t)
-        k_route, k_real, k_wm = jax.random.split(key, 3)
+        """One RL step (`wmrl.experiment.step.run_step` over the phases below). Returns (new
+        state, replay, metrics)."""
+        (state, replay), metrics, _ = run_step(self, (state, replay))
+        return state, replay, metrics
+
+    # -- the phases of one step; `st` is (state, replay) ----------------------------------
+
+    def clock(self) -> PhaseClock:
+        return PhaseClock()
+
+    def keys(self, st) -> StepKeys:
+        k_route, k_real, k_wm = jax.random.split(jax.random.fold_in(self.key, _step(st)), 3)
+        return StepKeys(sample=None, route=k_route, act=(k_real, k_wm))
+
+    def sample(self, st, key, clock) -> Starts:
+        """sample: B start states (instruction + layout) from the training tasks, G each."""
+        t = _step(st)
         rng = np.random.default_rng([self.seed, 100, t])
-        starts = rollout.sample_starts(rng, self.train_tasks, B, self.pool.spec, repeat=G)
-        timing = {}
-        t0 = time.monotonic()
-        if st.uses_wm:
-            is_anchor, _ = routing.route_anchors(k_route, B, st.routing)
-            is_anchor = np.asarray(is_anchor)
-        else:
-            is_anchor = np.ones(B, bool)
-        groups_real = np.nonzero(is_anchor)[0]
-        groups_wm = np.nonzero(~is_anchor)[0]
-        pick = lambda groups: [starts[g * G + i] for g in groups for i in range(G)]
+        starts = rollout.sample_starts(rng, self.train_tasks, self.st.groups, self.pool.spec,
+                                       repeat=self.st.group_size)  # fmt: skip
+        return Starts(t, starts)
+
+    def route(self, st, s: Starts, key, clock) -> np.ndarray:
+        """route: [B] bool, the anchor groups (every group in `real`)."""
+        if not self.st.uses_wm:
+            return np.ones(self.st.groups, bool)
+        with clock("real_s"):
+            return np.asarray(routing.route_anchors(key, self.st.groups, self.st.routing)[0])
+
+    def act(self, st, s: Starts, is_anchor: np.ndarray, key, clock) -> Acted:
+        """act: the anchor groups roll out in MuJoCo, every other group is imagined by the
+        world model with the policy in the loop (or branched from a real state, with
+        `wm.branch_chunks`); the anchors are also scored by the WM for their pairs. Rows in
+        group order: the A anchor groups first, then the imagined ones."""
+        (state, _), cfg, G = st, self.st, self.st.group_size
+        k_real, k_wm = key
+        groups_real, groups_wm = np.nonzero(is_anchor)[0], np.nonzero(~is_anchor)[0]
+        pick = lambda groups: [s.starts[g * G + i] for g in groups for i in range(G)]
         params = state["policy"]
-        real = self.real_episodes(params, pick(groups_real), k_real)
-        timing["real_s"] = time.monotonic() - t0
+        with clock("real_s"):
+            real = self.real_episodes(params, pick(groups_real), k_real)
         A, nw = len(groups_real), len(groups_wm)
-        # Rows in group order: the A anchor groups first, then the nw imagined ones.
-        parts_obs = [real.obs[:, : st.episode_len : st.chunk]]
-        parts_act, parts_logp = [real.actions], [real.logp]
-        parts_words = [real.words]
-        parts_mask = [np.ones(real.actions.shape, np.float32)]
+        parts = BatchParts(
+            obs=[real.obs[:, : cfg.episode_len : cfg.chunk]], actions=[real.actions],
+            logp=[real.logp], words=[real.words], mask=[np.ones(real.actions.shape, np.float32)],
+        )  # fmt: skip
         r_wm = [np.zeros(A * G, np.float32)]  # the anchors' own WM scores (below)
-        metrics = {"step": t + 1, "real_success": float(real.success.mean())}
-        t1 = time.monotonic()
-        if st.uses_wm and st.branch_chunks:
-            r_wm, im_parts = self.branched_groups(state, params, real, A, nw, t, k_wm, metrics)
-            for dst, part in zip(
-                (parts_obs, parts_act, parts_logp, parts_words, parts_mask), im_parts, strict=True
-            ):
-                dst.extend(part)
-        elif st.uses_wm:
-            wm = state["wm"]
-            # The anchors' WM scores: their real actions replayed open-loop from the same start.
-            a_mu, a_lv = self.replay_score(
-                wm, jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), jnp.asarray(real.task)
-            )
-            a_raw, _ = fused_score(a_mu, a_lv, st.fused)
-            r_wm = [np.asarray(a_raw, np.float32)]
-            if nw:
-                wstarts = pick(groups_wm)
-                words = np.stack([rollout.scene.encode_instruction(s.task) for s in wstarts])
-                task = np.asarray([rollout.task_index(s.task) for s in wstarts], np.int32)
-                obs0 = np.stack([rollout.scene.make_obs(s) for s in wstarts])
-                im = self.imagine(
-                    wm, params, jnp.asarray(words), jnp.asarray(task), jnp.asarray(obs0), k_wm
+        metrics = {"step": s.step + 1, "real_success": float(real.success.mean())}
+        with clock("wm_score_s"):
+            if cfg.uses_wm and cfg.branch_chunks:
+                r_wm, im_parts = self.branched_groups(
+                    state, params, real, A, nw, s.step, k_wm, metrics
                 )
-                raw, var = fused_score(im["means"], im["log_vars"], st.fused)
-                parts_obs.append(np.asarray(im["obs"]))
-                parts_act.append(np.asarray(im["actions"]))
-                parts_logp.append(np.asarray(im["logp"]))
-                parts_words.append(words)
-                parts_mask.append(trusted_tokens(np.asarray(im["spread"]), st))
-                metrics["wm_trusted_tokens"] = float(parts_mask[-1].mean())
-                r_wm.append(np.asarray(raw, np.float32))
-                metrics["imagined_success"] = float(np.mean(raw))
-                metrics["wm_variance"] = float(np.mean(var))
-        timing["wm_score_s"] = time.monotonic() - t1
-        # ---- the shared correction (rewards, advantages, anchor weight) and the update
-        t2 = time.monotonic()
+                for dst, part in zip(parts, im_parts, strict=True):
+                    dst.extend(part)
+            elif cfg.uses_wm:
+                r_wm = self._imagined_groups(state, params, real, pick(groups_wm), k_wm,
+                                             parts, metrics)  # fmt: skip
         n = (A + nw) * G
         anchor_rows = np.arange(n) < A * G
         r_env = np.zeros(n, np.float32)
         r_env[: A * G] = real.success
-        corr, out, stats = self.correct(
-            state["corr"],
-            jnp.asarray(np.concatenate(r_wm)),
-            jnp.asarray(r_env),
-            jnp.asarray(anchor_rows),
-            jnp.asarray(anchor_rows),
-            jnp.asarray(np.arange(A + nw) < A),
-            jnp.arange(A),
+        inputs = correct.StepInputs(
+            r_wm=jnp.asarray(np.concatenate(r_wm)),
+            r_env=jnp.asarray(r_env),
+            env_valid=jnp.asarray(anchor_rows),
+            anchor_groups=jnp.asarray(np.arange(A + nw) < A),
+            anchor_index=jnp.arange(A),
         )
-        if st.uses_wm:
-            cal = np.asarray(out["calibrated"])
-            ra, rc = np.asarray(r_wm[0]).reshape(A, G), cal[: A * G].reshape(A, G)
-            auc, n_auc = within_group_auc(ra, real.success.reshape(A, G))
+        return Acted(real, A, nw, parts, r_wm[0], inputs, metrics)
+
+    def _imagined_groups(self, state, params, real, wstarts, key, parts, metrics) -> list:
+        """The anchors' WM scores (their real actions replayed open loop from the same
+        start) and the imagined episodes of the WM groups from `wstarts` (their batch rows
+        appended to `parts`): the raw WM scores, anchors first."""
+        cfg, wm = self.st, state["wm"]
+        a_mu, a_lv = self.replay_score(
+            wm, jnp.asarray(real.obs[:, 0]), jnp.asarray(real.actions), jnp.asarray(real.task)
+        )
+        a_raw, _ = fused_score(a_mu, a_lv, cfg.fused)
+        r_wm = [np.asarray(a_raw, np.float32)]
+        if not wstarts:
+            return r_wm
+        words = np.stack([rollout.scene.encode_instruction(s.task) for s in wstarts])
+        task = np.asarray([rollout.task_index(s.task) for s in wstarts], np.int32)
+        obs0 = np.stack([rollout.scene.make_obs(s) for s in wstarts])
+        im = self.imagine(wm, params, jnp.asarray(words), jnp.asarray(task), jnp.asarray(obs0), key)
+        raw, var = fused_score(im["means"], im["log_vars"], cfg.fused)
+        parts.obs.append(np.asarray(im["obs"]))
+        parts.actions.append(np.asarray(im["actions"]))
+        parts.logp.append(np.asarray(im["logp"]))
+        parts.words.append(words)
+        parts.mask.append(trusted_tokens(np.asarray(im["spread"]), cfg))
+        metrics["wm_trusted_tokens"] = float(parts.mask[-1].mean())
+        r_wm.append(np.asarray(raw, np.float32))
+        metrics["imagined_success"] = float(np.mean(raw))
+        metrics["wm_variance"] = float(np.mean(var))
+        return r_wm
+
+    def correct(self, st, is_anchor, a: Acted, clock) -> correct.StepCorrection:
+        """correct: the shared correction (`wmrl.core.correct.correct_rewards`)."""
+        with clock("train_s"):
+            return self.correct_rewards(st[0]["corr"], a.inputs)
+
+    def update(self, st, is_anchor, a: Acted, res: correct.StepCorrection, clock) -> Updated:
+        """update: PPO epochs on every row (real and imagined alike); the WM's online steps on
+        the replay of real episodes."""
+        state, replay = st
+        batch = {
+            "words": jnp.asarray(np.concatenate(a.parts.words)),
+            "obs": jnp.asarray(np.concatenate(a.parts.obs)),
+            "actions": jnp.asarray(np.concatenate(a.parts.actions)),
+            "logp": jnp.asarray(np.concatenate(a.parts.logp)),
+            "adv": res.advantages,
+            "mask": jnp.asarray(np.concatenate(a.parts.mask)),
+        }
+        with clock("train_s"):
+            params, opt, pm = self.policy_update(
+                state["policy"], state["policy_opt"], self.ref_params, batch
+            )
+        wm, wm_opt, wmm = state["wm"], state["wm_opt"], {}
+        if self.st.uses_wm:
+            with clock("wm_train_s"):
+                replay = add_to_replay(replay, a.real, self.replay_size, self.st.push_distance)
+                wm, wm_opt, wmm = self.fine_tune_wm(wm, wm_opt, replay, int(state["step"]))
+        return Updated(params, opt, pm, wm, wm_opt, wmm, replay)
+
+    def finish(self, st, s: Starts, is_anchor, a: Acted, res, u: Updated, clock):
+        """The new state and the step's metrics (no records beside metrics.jsonl)."""
+        state, G = st[0], self.st.group_size
+        A, nw, metrics = a.A, a.nw, dict(a.metrics)
+        stats = res.stats
+        if self.st.uses_wm:
+            cal = np.asarray(res.calibrated)
+            ra, rc = a.anchor_wm.reshape(A, G), cal[: A * G].reshape(A, G)
+            auc, n_auc = within_group_auc(ra, a.real.success.reshape(A, G))
             metrics.update(
                 anchor_auc=auc,
                 anchor_auc_groups=n_auc,
                 anchor_wm_score=float(ra.mean()),
                 anchor_wm_calibrated=float(rc.mean()),
-                bias_before=float(stats["residual_before"]),
-                bias_reduction=float(stats["bias_reduction"]),
-                calibrated=bool(stats["calibrated"]),
-                wm_stream_corr=float(stats["wm_stream_corr"]),
-                wm_stream_collapsed_groups=int(stats["wm_stream_collapsed_groups"]),
+                bias_before=float(stats.residual_before),
+                bias_reduction=float(stats.bias_reduction),
+                calibrated=bool(stats.calibrated),
+                wm_stream_corr=float(stats.wm_stream_corr),
+                wm_stream_collapsed_groups=int(stats.wm_stream_collapsed_groups),
             )
             if nw:
                 metrics["imagined_success_calibrated"] = float(np.mean(cal[A * G :]))
                 metrics["wm_groups_flat"] = flat_fraction(cal[A * G :], G)
-        batch = {
-            "words": jnp.asarray(np.concatenate(parts_words)),
-            "obs": jnp.asarray(np.concatenate(parts_obs)),
-            "actions": jnp.asarray(np.concatenate(parts_act)),
-            "logp": jnp.asarray(np.concatenate(parts_logp)),
-            "adv": out["advantages"],
-            "mask": jnp.asarray(np.concatenate(parts_mask)),
-        }
-        new_params, opt, pm = self.policy_update(
-            params, state["policy_opt"], self.ref_params, batch
-        )
-        timing["train_s"] = time.monotonic() - t2
-        new = {
-            **state,
-            "policy": new_params,
-            "policy_opt": opt,
-            "step": np.asarray(t + 1, np.int32),
-        }
+        new = {**state, "policy": u.policy, "policy_opt": u.policy_opt,
+               "step": np.asarray(s.step + 1, np.int32)}  # fmt: skip
         new["real_episodes"] = np.asarray(int(state["real_episodes"]) + A * G, np.int64)
         new["wm_episodes"] = np.asarray(int(state["wm_episodes"]) + nw * G, np.int64)
-        metrics.update({k: float(v) for k, v in pm.items()})
+        metrics.update({k: float(v) for k, v in u.policy_metrics.items()})
         metrics.update(
-            anchor_weight=float(stats["anchor_weight"]),
+            anchor_weight=float(stats.anchor_weight),
             anchor_groups=A,
             wm_groups=nw,
-            train_reward=float(stats["train_reward"]),
+            train_reward=float(stats.train_reward),
         )
-        if st.uses_wm:
-            t3 = time.monotonic()
-            new["corr"] = corr
-            replay = add_to_replay(replay, real, self.replay_size, st.push_distance)
-            new["wm"], new["wm_opt"], wmm = self.fine_tune_wm(
-                state["wm"], state["wm_opt"], replay, t
-            )
-            metrics.update(wmm)
-            timing["wm_train_s"] = time.monotonic() - t3
+        if self.st.uses_wm:
+            new.update(corr=res.correction, wm=u.wm, wm_opt=u.wm_opt)
+            metrics.update(u.wm_metrics)
         metrics["real_episodes"] = int(new["real_episodes"])
         metrics["wm_episodes"] = int(new["wm_episodes"])
-        metrics.update(timing)
-        return new, replay, metrics
+        metrics.update(clock.seconds)
+        return (new, u.replay), metrics, []
 
     def branched_groups(self, state, params, real, A, nw, t, key, metrics):
         """`wm.branch_chunks` = k > 0: every WM group is G imagined branches of k chunks from

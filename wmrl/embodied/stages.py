@@ -21,6 +21,7 @@ import numpy as np
 import optax
 
 from wmrl.config_errors import ConfigError
+from wmrl.core.correct import SAMPLE_FUSIONS
 from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import env as scene
 from wmrl.embodied import policy as pol
@@ -28,7 +29,7 @@ from wmrl.embodied import render, rollout
 from wmrl.embodied import rl as erl
 from wmrl.embodied import world_model as wmodel
 
-MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "constant_wm")
+MODES = tuple(erl.MODE_SPECS)
 
 STAGE_FIELDS = {
     "demos": ("seed", "env", "tasks", "demos"),
@@ -70,6 +71,12 @@ OBSERVATIONS = ("state", "image")
 
 def validate_embodied_config(config) -> None:
     """Bad input -> ConfigError naming the field."""
+    if config.mode in erl.LEGACY_MODE_NAMES:
+        raise ConfigError(
+            "config.mode",
+            f"{config.mode!r} is now called {erl.LEGACY_MODE_NAMES[config.mode]!r} (the control's "
+            "one name in every experiment)",
+        )
     if config.mode not in MODES:
         raise ConfigError("config.mode", f"must be one of {list(MODES)}, got {config.mode!r}")
     if config.obs not in OBSERVATIONS:
@@ -118,10 +125,10 @@ def validate_embodied_config(config) -> None:
             f"only 'monotone' applies here (a group shares one task), got "
             f"{config.correction.debias!r}",
         )
-    if config.correction.sample_fusion not in erl.SAMPLE_FUSIONS:
+    if config.correction.sample_fusion not in SAMPLE_FUSIONS:
         raise ConfigError(
             "config.correction.sample_fusion",
-            f"must be one of {list(erl.SAMPLE_FUSIONS)}, got {config.correction.sample_fusion!r}",
+            f"must be one of {list(SAMPLE_FUSIONS)}, got {config.correction.sample_fusion!r}",
         )
     if config.wm.head_inputs not in wmodel.HEAD_WIDTHS:
         raise ConfigError(

@@ -270,18 +270,18 @@ def make_logprobs_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh, start:
     return logprobs
 
 
-def make_wm_score_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh):
+def make_wm_score_fn(graphdef: nnx.GraphDef, shardings: TrainState, mesh, fuse: bool = True):
     """Jitted `(params, tokens, input_mask, time_limit_s=None) -> predict(...)` dict of `[B]`
     arrays (WM score, score_var, epistemic/aleatoric/predictive variances; with a runtime head
     also `runtime_s`, `p_timeout` and `score_raw`, the score then accounting for a time-out
     under the rows' `time_limit_s` [B], None = no limit) with the train state's shardings.
     With `outputs=True` the raw head outputs (`class_logits`, ...) come back too, under
-    `outputs`."""
+    `outputs`. `fuse`: the members fused by inverse variance (else their mean)."""
 
     def fn(params, tokens, input_mask, time_limit_s):
         model = nnx.merge(graphdef, params)
         raw = model(tokens, input_mask)
-        out = predict(raw, time_limit_s, model.cfg.timeout_reward)
+        out = predict(raw, time_limit_s, model.cfg.timeout_reward, fuse=fuse)
         return out, raw
 
     data, rows = batch_sharding(mesh, 2), batch_sharding(mesh, 1)

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.scipy.special import log_ndtr, ndtr
 
-from wmrl.core.denoise import fuse_ensemble
+from wmrl.core.denoise import combine_members
 from wmrl.core.stats import interval_ece, spearman
 from wmrl.models.config import TransformerConfig
 from wmrl.models.transformer import Transformer, causal_padding_mask, positions_from_mask
@@ -169,15 +169,20 @@ def timeout_probability(runtime_mean, runtime_log_var, time_limit_s) -> jax.Arra
 
 
 def predict(
-    outputs: dict[str, jax.Array], time_limit_s: jax.Array | None = None, timeout_reward=0.1
+    outputs: dict[str, jax.Array],
+    time_limit_s: jax.Array | None = None,
+    timeout_reward=0.1,
+    fuse: bool = True,
 ) -> dict[str, jax.Array]:
-    """Fuse member outputs (`[M, B]`) into the WM score and its variances (`[B]` each).
+    """Combine member outputs (`[M, B]`) into the WM score and its variances (`[B]` each):
+    inverse-variance fusion, or with `fuse` False the members' plain mean
+    (`wmrl.core.denoise.combine_members`; the mode's sample-level switch).
 
     With the runtime head and `time_limit_s` ([B] seconds; inf = no limit) also
     `p_timeout`, `runtime_s` (the predicted median runtime) and `score_raw` (the reward
     head's fused score); `score` is then the mixture `(1 - p) * score_raw + p *
     timeout_reward` (the variances stay the reward head's)."""
-    score, score_var, epistemic = fuse_ensemble(outputs["mean"], outputs["log_var"], axis=0)
+    score, score_var, epistemic = combine_members(outputs["mean"], outputs["log_var"], fuse)
     aleatoric = jnp.mean(jnp.exp(outputs["log_var"]), axis=0)
     out = {
         "score": score,

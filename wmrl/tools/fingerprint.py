@@ -7,7 +7,7 @@ Runs every experiment tiny, with fixed seeds: (1) a few bandit variants for a fe
 steps and a few seeds; (2) three single-turn AutoResearch RL steps of the tiny setting
 (`wmrl.autoresearch.presets.TINY_SETTING`) in modes `wmrl`, `real` and `static_anchors`;
 (3) two steps of two-turn episodes (`wmrl`); (4) two embodied steps
-(`configs/embodied_push.py:tiny`) in modes `wmrl`, `real` and `constant_wm`. It records
+(`configs/embodied_push.py:tiny`) in modes `wmrl`, `real` and `static_anchors`. It records
 every number that does not measure time: the bandit curves and summaries; per RL step the
 metrics (keys ending in `_s` and the wall clock dropped), the anchor pairs, the journal and
 the summary; and a SHA-1 of every array of the final checkpoint (policy, reference, WM,
@@ -42,7 +42,7 @@ import numpy as np
 BANDIT_VARIANTS = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "cross_arm_iv")
 RL_MODES = ("wmrl", "real", "static_anchors")
 MULTITURN_MODES = ("wmrl",)
-EMBODIED_MODES = ("wmrl", "real", "constant_wm")
+EMBODIED_MODES = ("wmrl", "real", "static_anchors")
 
 
 def _timing(key: str) -> bool:

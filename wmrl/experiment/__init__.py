@@ -1,0 +1,1 @@
+"""What every experiment shares: the step driver (`step`) and the typed configuration."""
