@@ -97,6 +97,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.policy.sft_learning_rate = 3e-3
 
     c.wm = ml_collections.ConfigDict()
+    # What scores the WM stream: "neural" (the transformer WM below) or "features" (a ridge
+    # regression on script and card features any user could list, refitted on the anchors:
+    # wmrl/autoresearch/feature_wm.py, the baseline the neural WM must beat; single-turn).
+    c.wm.kind = "neural"
     c.wm.d_model = 64
     c.wm.num_layers = 2
     c.wm.mlp_dim = 192

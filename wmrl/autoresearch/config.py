@@ -46,7 +46,7 @@ LEGACY_DEFAULTS = {
     "correction.adaptive_rho": False, "correction.rho_min": 0.125, "correction.rho_max": 1.0,
     "env.turns": 1, "env.sft_episodes_per_task": 4, "rl.seed": -1,
     "wm.policy_samples_per_task": 0, "wm.policy_validation_every": 4,
-    "wm.seed": -1, "wm.pretrain_eval_every": 0, "wm.pretrain_patience": 5,
+    "wm.seed": -1, "wm.pretrain_eval_every": 0, "wm.pretrain_patience": 5, "wm.kind": "neural",
     # Runs before the field fused the WM members by inverse variance in every mode.
     "correction.sample_fusion": "inverse_variance",
 }  # fmt: skip
@@ -249,8 +249,20 @@ def _check_policy_samples(config) -> None:
 
 
 def _check_wm_pretraining(config) -> None:
-    """`wm.seed`: an integer >= -1 (-1 = `seed` + 1); `wm.pretrain_eval_every`: an integer
-    >= 0 (0 = a fixed step count); `wm.pretrain_patience`: an integer >= 1."""
+    """`wm.kind`: one of `WM_KINDS` ("features": single-turn only); `wm.seed`: an integer
+    >= -1 (-1 = `seed` + 1); `wm.pretrain_eval_every`: an integer >= 0 (0 = a fixed step
+    count); `wm.pretrain_patience`: an integer >= 1."""
+    from wmrl.autoresearch.feature_wm import WM_KINDS
+
+    kind = config.wm.kind
+    if kind not in WM_KINDS:
+        raise ConfigError("config.wm.kind", f"must be one of {WM_KINDS}, got {kind!r}")
+    if kind == "features" and config.env.turns > 1:
+        raise ConfigError(
+            "config.wm.kind",
+            f"'features' scores single scripts; env.turns={config.env.turns} needs the neural "
+            "WM, which also predicts each turn's observation",
+        )
     for field, least in (("wm.seed", -1), ("wm.pretrain_eval_every", 0),
                          ("wm.pretrain_patience", 1)):  # fmt: skip
         v = config_field(config, field)

@@ -56,8 +56,11 @@ POLICY_SAMPLES_KEY = 17  # folded into jax.random.key(seed): the policy samples'
 
 def active_stages(config) -> tuple[str, ...]:
     """The stages before RL this config runs (the policy samples only with
-    `wm.policy_samples_per_task` > 0)."""
+    `wm.policy_samples_per_task` > 0; no neural pretraining for `wm.kind = "features"`,
+    whose scorer is fitted when RL starts)."""
     skip = () if config.wm.policy_samples_per_task > 0 else (POLICY_SAMPLES,)
+    if config.wm.kind == "features":
+        skip = (*skip, "wm_pretrain")
     return tuple(s for s in STAGE_FIELDS if s not in skip)
 
 
@@ -393,6 +396,13 @@ def split_policy_samples(config, rows: dict) -> tuple[dict, dict]:
     j = rows["script_index"] - config.data.scripts_per_task
     val = (j % every == every - 1) if every > 0 else np.zeros(len(j), bool)
     return {k: v[~val] for k, v in rows.items()}, {k: v[val] for k, v in rows.items()}
+
+
+def policy_fit_records(config, records: list[dict]) -> list[dict]:
+    """The policy samples' records a WM fits on: all but the held-out ones
+    (`split_policy_samples`'s rule on the records themselves)."""
+    every = config.wm.policy_validation_every
+    return [r for r in records if every == 0 or r["index"] % every != every - 1]
 
 
 def wm_rows(config, prepared, split: str) -> dict:

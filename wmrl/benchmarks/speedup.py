@@ -78,6 +78,8 @@ from wmrl.autoresearch.experiment import time_to_target
 from wmrl.benchmarks.speedup_figures import (
     amdahl,
     eval_se_stats,
+    executions_to_target,
+    executions_to_target_ratio,
     mean_step_time,
     recent_mean_reward,
     reward_at_equal_wall_clock,
@@ -116,6 +118,7 @@ MODE_FIGURES = (
     "final_heldout_reward", "heldout_reward_at_equal_wall_clock", "heldout_reward_time_average",
     "heldout_reward_last3_at_equal_wall_clock", "heldout_reward_se_at_equal_wall_clock",
     "time_to_target_s", "step_time_s", "steps", "wall_time_s", "real_executions", "wm_calls",
+    "executions_to_target",
     "warmstart_heldout_reward", "best_heldout_reward", "wm_stream_corr_mean",
     "wm_stream_collapsed_groups", "heldout_reward_se_mean", "heldout_reward_se_max",
     *(f"{when}_heldout_{fig}" for when in ("warmstart", "final")
@@ -124,7 +127,8 @@ MODE_FIGURES = (
 )  # fmt: skip
 SCALAR_FIGURES = (
     "time_to_target_ratio", "time_to_target_reward", "equal_wall_clock_s", "amdahl_bound",
-    "per_step_speedup", "amdahl_fraction_reached",
+    "per_step_speedup", "amdahl_fraction_reached", "executions_to_target_ratio",
+    "executions_to_target_ratio_with_pretraining",
 )  # fmt: skip
 PAIRED_FIGURES = (
     "heldout_reward_time_average", "heldout_reward_at_equal_wall_clock",
@@ -179,11 +183,27 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
     to_target = {
         m: None if target is None else time_to_target(c, target) for m, c in curves.items()
     }
+    pretraining = (runs["wmrl"]["summary"].get("wm_pretraining_executions") or {}).get("total")
+    ett = executions_to_target_ratio(curves, target, "wmrl", pretraining or 0)
     return {
         "time_to_target_ratio": ttt["ratio"],
         "time_to_target_note": ttt["note"],
         "time_to_target_reward": target,
         "time_to_target_s": to_target,
+        # Real executions to the same target: RL's own, and counting wmrl's WM pretraining
+        # executions (`wm_pretraining_executions`: None in a run saved before it was kept).
+        "executions_to_target_ratio": ett["ratio"],
+        "executions_to_target_ratio_with_pretraining": (
+            ett["ratio_with_pretraining"] if pretraining is not None else None
+        ),
+        "executions_to_target": {
+            m: None if target is None else executions_to_target(c, target)
+            for m, c in curves.items()
+        },
+        "wm_pretraining_executions": {
+            m: (r["summary"].get("wm_pretraining_executions") or {}).get("total")
+            for m, r in wm_runs.items()
+        },
         "final_heldout_reward": per_mode("final_heldout_reward"),
         "heldout_reward_at_equal_wall_clock": at_equal,
         # The noise of those single evaluations (SE counting the variance between tasks).
@@ -387,12 +407,17 @@ def format_table(result: dict) -> str:
         )
     a = result["amdahl"]
     ses = result.get("heldout_reward_se_at_equal_wall_clock") or {}
+    pre_wmrl = (result.get("wm_pretraining_executions") or {}).get("wmrl")
     lines += [
         "",
         f"time_to_target_ratio (real / wmrl, to real's final held-out reward "
         f"{_fmt(result['time_to_target_reward'], '.4f')}): "
         f"{_fmt(result['time_to_target_ratio'], '.2f')}"
         + (f"  ({result['time_to_target_note']})" if result["time_to_target_note"] else ""),
+        f"executions_to_target_ratio (real / wmrl, same target): "
+        f"{_fmt(result.get('executions_to_target_ratio'), '.2f')}; counting wmrl's WM "
+        f"pretraining executions ({_fmt(pre_wmrl, 'd')}): "
+        f"{_fmt(result.get('executions_to_target_ratio_with_pretraining'), '.2f')}",
         f"held-out reward at equal wall-clock {result['equal_wall_clock_s']:.1f}s: "
         + ", ".join(
             f"{m} {_fmt(v, '.4f')}" + (f" +- {se:.4f}" if (se := ses.get(m)) is not None else "")
@@ -462,6 +487,7 @@ SEED_LINES = (
     ("time to real's final held-out reward (s)", "time_to_target_s", ".1f"),
     ("training wall-clock (s)", "wall_time_s", ".1f"),
     ("real executions", "real_executions", ".1f"),
+    ("real executions to real's final held-out reward", "executions_to_target", ".1f"),
     ("mean wm_stream_corr over the run", "wm_stream_corr_mean", ".3f"),
     ("wm_stream_collapsed_groups over the run", "wm_stream_collapsed_groups", ".1f"),
     ("final held-out reward of turn 1 (multi-turn)", "final_heldout_reward_turn1", ".4f"),
@@ -493,6 +519,8 @@ def format_seeds(result: dict) -> list[str]:
         f"  time_to_target_ratio (real / wmrl, per seed "
         f"{', '.join(_fmt(v, '.2f', 'none') for v in ratio['per_seed'])}): {_stat(ratio, '.2f')}"
     )
+    for fig in ("executions_to_target_ratio", "executions_to_target_ratio_with_pretraining"):
+        lines.append(f"  {fig} (real / wmrl): {_stat(over[fig], '.2f')}")
     lines.append(f"  per-step speedup: {_stat(over['per_step_speedup'], '.2f')}")
     lines.append("paired by seed (wmrl - mode; mean difference [95% t-interval], per seed):")
     for name, figs in result["paired"].items():
