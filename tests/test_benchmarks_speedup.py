@@ -481,6 +481,14 @@ def test_benchmark_end_to_end_tiny(tmp_path):
         assert (tmp_path / "bench" / m / "summary.json").exists()
     assert (tmp_path / "bench" / "shared" / "init" / "warmstart" / "done.json").exists()
     assert "time_to_target_ratio" in proc.stdout
+    # The second executions ratio counts the WM's pretraining executions: here the executed
+    # corpus of the one training task (no policy samples), read from the data stage's log.
+    log = tmp_path / "bench" / "shared" / "data" / "trajectories" / "executions.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    corpus = sum(r["split"] == "train" and r["task_id"] == "iris-species" for r in records)
+    assert corpus == 6 and data["wm_pretraining_executions"] == {"wmrl": corpus}
+    assert "executions_to_target_ratio_with_pretraining" in data
+    assert f"pretraining executions ({corpus})" in proc.stdout
 
 
 @pytest.mark.slow

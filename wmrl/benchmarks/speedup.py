@@ -51,6 +51,13 @@ Every evaluation executes `--eval_samples` (default 5) scripts per held-out task
 held-out tasks) is ~0.03; the JSON reports it per mode (`heldout_reward_se_mean`,
 `heldout_reward_se_max` over the run's evaluations).
 
+Real executions to the same target (real's final held-out reward) are compared too:
+`executions_to_target_ratio` (E_real / E_wmrl, RL's executions) and
+`executions_to_target_ratio_with_pretraining`, which adds to wmrl's the executions spent
+before RL on its WM's training data (`wm_pretraining_executions` of its summary: the executed
+corpus and, with `wm.policy_samples_per_task`, the policy samples), as embodied counts its
+WM-pretraining rollouts.
+
 Writes `--out` (default DIR/speedup.json), DIR/speedup.png (held-out reward vs training
 wall-clock and vs real executions, +-1 standard error bars) and prints a table. This module
 is the report (and the command); the runner is `speedup_runner`, and the figures are
