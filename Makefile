@@ -1,14 +1,14 @@
 # Two commands on a fresh machine with Python 3.11:
 #   make run    set up .venv and run the main job on its embedded default
 #               (World Model RL on Mini AutoResearch; CONFIG=configs/bandit.py for the theory)
-#   make test   set up .venv, lint, and run the fast test suite
+#   make test   set up .venv, lint, and run the test suite (fast tier, then the real tier)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= runs/$(notdir $(basename $(CONFIG)))-$(shell date +%Y%m%d-%H%M%S)
 CONFIG ?= configs/autoresearch_tiny.py
 
-.PHONY: setup setup-test run test test-slow test-all lint format clean
+.PHONY: setup setup-test run test test-fast test-real test-slow test-all lint format clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,8 +43,17 @@ format: setup
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
+# Two tiers: the fast one (in-process: units, references, fake executors) first, then the real
+# one (`real` marker: sandboxes, Ray nodes, subprocesses, multi-process JAX, end-to-end runs).
 test: lint setup-test
-	$(PY) -m pytest -m "not slow" -q --durations=25 $(XDIST)
+	$(PY) -m pytest -m "not slow and not real" -q --durations=15 $(XDIST)
+	$(PY) -m pytest -m "real and not slow" -q --durations=15 $(XDIST)
+
+test-fast: setup-test
+	$(PY) -m pytest -m "not slow and not real" -q --durations=15 $(XDIST)
+
+test-real: setup-test
+	$(PY) -m pytest -m "real and not slow" -q --durations=15 $(XDIST)
 
 test-slow: setup-test
 	$(PY) -m pytest -m slow -q

@@ -32,7 +32,7 @@ import pytest
 @pytest.fixture(scope="session")
 def rl_shared(tmp_path_factory):
     """Shared data stage and warm-start/WM checkpoints of the tiny AutoResearch setting
-    (tests/rl_fixtures.py): built by the first run that uses them, loaded by the others."""
+    (tests/support/rl_fixtures.py): built by the first run that uses them, loaded by the others."""
     root = tmp_path_factory.mktemp("rl_shared")
     return root / "data", root / "init"
 
@@ -49,9 +49,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def fake_gcs_server():
-    """The fake GCS JSON API for TensorStore (tests/fake_gcs.py), one per session: TensorStore
-    reads its endpoint from the environment."""
-    from tests import fake_gcs
+    """The fake GCS JSON API for TensorStore (tests/support/fake_gcs.py), one per session:
+    TensorStore reads its endpoint from the environment."""
+    from tests.support import fake_gcs
 
     server = fake_gcs.start_server()
     env = {
@@ -77,7 +77,7 @@ def fake_gcs(fake_gcs_server, monkeypatch):
     from fsspec.registry import _registry
     from orbax.checkpoint._src.path import gcs_utils
 
-    from tests import fake_gcs
+    from tests.support import fake_gcs
 
     store = fake_gcs.ObjectStore()
     store.root = f"gs://wmrl-test-{uuid.uuid4().hex[:8]}"

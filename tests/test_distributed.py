@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.multiprocess_helpers import run_local_processes
+from tests.support.multiprocess_helpers import run_local_processes
 from wmrl import distributed
 from wmrl.distributed import ClusterSpec, detect_cluster, expand_nodelist
+
+pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,28 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bandit_cli import TINY, run_main
+
+pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_main(workdir, *overrides):
-    cmd = [
-        sys.executable,
-        "-m",
-        "wmrl.main",
-        "--config=configs/bandit.py",
-        f"--workdir={workdir}",
-        *overrides,
-    ]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
-
-
-TINY = (
-    "--config.num_seeds=2",
-    "--config.num_steps=40",
-    "--config.log_points=4",
-    "--config.variants=('real','wmrl')",
-)
 
 
 def test_tiny_run_writes_artefacts_and_refuses_to_overwrite(tmp_path):

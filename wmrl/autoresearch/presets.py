@@ -2,7 +2,7 @@
 
 # The smallest AutoResearch setting that runs every stage in seconds: 1 train + 1 held-out
 # task, a few executed scripts, tiny models, 2 RL steps. The trainer tests build on it
-# (tests/rl_fixtures.py) and so does the GPU suite's CPU dry run
+# (tests/support/rl_fixtures.py) and so does the GPU suite's CPU dry run
 # (wmrl.tools.prepare_gpu_artefacts), which then reuses the stages a test session built.
 TINY_SETTING = {
     "suite.tasks": ("iris-species", "heldout-gaussian-quantiles"),
@@ -40,8 +40,9 @@ TINY_SETTING = {
     "correction.denoise_warmup_groups": 1,
 }
 
-# On top of TINY_SETTING: two-turn episodes (tests/test_rl_multiturn.py), a prompt budget that
-# holds one turn's history (`wmrl.autoresearch.history.min_prompt_len`), two executed SFT episodes.
+# On top of TINY_SETTING: two-turn episodes (tests/autoresearch/test_multiturn.py), a prompt
+# budget that holds one turn's history (`wmrl.autoresearch.history.min_prompt_len`), two
+# executed SFT episodes.
 TINY_MULTITURN_SETTING = {
     "env.turns": 2,
     "rl.anchor_lag": 0,

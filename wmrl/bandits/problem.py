@@ -20,7 +20,7 @@ import ml_collections
 from wmrl.config_errors import ConfigError
 from wmrl.core.correct import MODE_SPECS
 
-# The five modes of the shared table (`wmrl.core.correct`; not the `static_anchors` control,
+# Five of the six modes of the shared table (`wmrl.core.correct`; not the `static_anchors` control,
 # which needs a static check: a bandit has none), then the bandit-only ablations and controls
 # (`wmrl.bandits.train.VARIANT_SPECS` says what each turns on).
 VARIANTS = (

@@ -163,8 +163,8 @@ def wm_score_exact(problem: BanditProblem, eps: jax.Array, arms, x: jax.Array, b
     The heads are independent Gaussians whose variances depend only on the arm, so both the
     inverse-variance fusion and the plain average are Gaussian with mean `r + b` and the
     variance that `wm_score` reports. Drawing that directly is equal in law to drawing the M
-    heads and combining them (`tests/test_bandits.py` checks it), with 1 random number per pull
-    instead of M: on CPU the threefry draws dominate the vmapped step.
+    heads and combining them (`tests/bandits/test_bandits.py` checks it), with 1 random number per
+    pull instead of M: on CPU the threefry draws dominate the vmapped step.
     """
     r = pick(problem.rewards(x), arms)
     var = pick(score_variance_per_arm(problem, fuse), arms)

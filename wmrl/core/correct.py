@@ -131,7 +131,7 @@ def correct(
     so far, including that of the groups it scales, and the scale `c` applies from the very
     step whose groups complete the warm-up. (Reading it before would add a step of delay on
     top of `rl.anchor_lag`'s.) The trainer always read it after; the bandits read it before
-    until the two were unified (tests/test_core_correct.py and tests/test_rl_correction.py
+    until the two were unified (tests/core/test_correct.py and tests/autoresearch/test_correction.py
     check the order by hand).
     """
     G = group_size

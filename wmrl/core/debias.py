@@ -111,7 +111,7 @@ def after_reads(write: jax.Array, *reads: jax.Array) -> jax.Array:
     vmap, those copies cost more than the rest of the estimators' update. `r > inf` is false
     for every float, NaN included, so the mask is unchanged; XLA (jaxlib 0.10) does not fold
     it away. If a later XLA did, only the copies would come back, not a different result
-    (`tests/test_core_debias.py` checks that the buffers are updated in place).
+    (`tests/core/test_debias.py` checks that the buffers are updated in place).
     """
     for r in reads:
         write = write & ~(r > jnp.inf)

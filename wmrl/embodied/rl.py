@@ -24,7 +24,7 @@ One RL step (docs/method.md 3, embodied):
      the BC policy; the WM is fine-tuned on the replay of real episodes.
 
 No correction maths is written here; it is all imported from `wmrl.core`
-(tests/test_embodied_e2e.py spies on `correct` during a run).
+(tests/embodied/test_e2e.py spies on `correct` during a run).
 """
 
 from __future__ import annotations

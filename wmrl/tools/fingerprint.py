@@ -16,8 +16,8 @@ stage and warm-start/WM checkpoints are built once under `<out dir>/shared` and 
 second invocation compares RL and bandits only. `--compare` prints every difference and
 exits 1 if there is any.
 
-Not part of the test suite (it takes minutes); `tests/test_rl_e2e.py` and
-`tests/test_bandits.py` check the invariants.
+Not part of the test suite (it takes minutes); `tests/autoresearch/test_e2e.py` and
+`tests/bandits/test_bandits.py` check the invariants.
 """
 
 from __future__ import annotations

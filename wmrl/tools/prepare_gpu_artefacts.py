@@ -9,7 +9,7 @@ OUT/init   the warm-start policy and the pretrained world model (Orbax): its `in
 OUT/reference_logits.npz   the tiny model's parameters, a left- and right-padded batch and its
            logits computed here on CPU in float32 and bfloat16 (`compare_logits`)
 
-`--dry_run` builds the tiny test setting instead (tests/rl_fixtures.py's sizes, 2 tasks) for
+`--dry_run` builds the tiny test setting instead (tests/support/rl_fixtures.py's sizes, 2 tasks) for
 the suite's own CPU test. Rerunning reuses what is already built (each stage is resumable).
 The built folder is too large to carry (the suite's CSVs of the large-n tasks: ~56 MiB of
 ~62), so `--pack=DIR` writes what travels: DIR/stages.tar.gz (data + init, gzip: ~30 MiB)

@@ -19,7 +19,7 @@ each row takes a neighbour's target and moves the way rows of its kind vary; shu
 a generator runs on a state drawn from the task's own seeded stream (`generator_state`),
 which no integer ``random_state`` reproduces. What remains is the copy as extra training
 data: a nearest-neighbour lookup in it scores within noise of the baselines, no better
-(tests/envs/test_autoresearch_suite_lookup.py tries every lookup on every task). A task's
+(tests/autoresearch/env/test_suite_lookup.py tries every lookup on every task). A task's
 rows depend only on the suite seed and its id, not on which other tasks are built.
 """
 
