@@ -172,3 +172,33 @@ def test_wm_kind_is_checked():
     m = set_fields(load_config(), TINY_MULTITURN_SETTING, "", "", {"wm__kind": "features"})
     with pytest.raises(ConfigError, match=r"wm\.kind.*env\.turns=2"):
         validate_autoresearch_config(m)
+
+
+@pytest.mark.real  # the sandbox and the tiny pipeline's stages
+def test_feature_wm_run_resumes_as_the_uninterrupted_run(rl_shared, tmp_path):
+    """A `wm.kind = "features"` run stopped after step 2 and resumed to step 3 scores its
+    rows as the uninterrupted 3-step run does (the scorer is refitted from the restored
+    replay): the same WM scores in every anchor pair and the same per-step rewards."""
+    from wmrl.autoresearch.experiment import run
+
+    data_dir, init_dir = rl_shared
+    config = lambda steps: tiny_config(
+        data_dir, init_dir, mode="wmrl", wm__kind="features", rl__steps=steps,
+        rl__checkpoint_every=1,
+    )  # fmt: skip
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(config(3), straight, progress=False)
+    run(config(2), resumed, progress=False)
+    summary = run(config(3), resumed, progress=False)
+    assert summary["steps"] == 3 and summary["wm_kind"] == "features"
+    key = lambda p: (p["step"], p["row"])
+    pairs = {w: sorted(read_jsonl(w / "pairs.jsonl"), key=key) for w in (straight, resumed)}
+    assert pairs[straight] and [key(p) for p in pairs[straight]] == [key(p) for p in pairs[resumed]]
+    for a, b in zip(pairs[straight], pairs[resumed], strict=True):
+        assert a["r_wm"] == pytest.approx(b["r_wm"], abs=1e-6)
+    steps = {w: [r for r in read_jsonl(w / "metrics.jsonl") if r["kind"] == "step"]
+             for w in (straight, resumed)}  # fmt: skip
+    assert [r["step"] for r in steps[resumed]] == [1, 2, 3]
+    assert [r["train_reward"] for r in steps[straight]] == pytest.approx(
+        [r["train_reward"] for r in steps[resumed]], abs=1e-6
+    )
