@@ -28,7 +28,10 @@ def small_state() -> RunState:
         np.array([0.25, 0.5], np.float32),
         np.array([int(Status.VALID), int(Status.RUNTIME_ERROR)], np.int32),
     )
-    pending = Pending.empty(2, 5).replace(step=np.int64(3), rows=np.array([4, 5], np.int64))
+    pending = Pending.empty(2, 5).replace(
+        step=np.int64(3), rows=np.array([4, 5], np.int64),
+        p_timeout=np.array([0.25, 0.75], np.float32),
+    )  # fmt: skip
     return RunState(
         policy={"params": params, "opt": {"mu": jnp.ones((3, 2))}},
         ref_params=jax.tree.map(lambda x: x * 2, params),
@@ -166,6 +169,29 @@ def test_checkpoint_without_the_observation_arrays_resumes_with_them_from_the_te
         runtime=np.array([1.5], np.float32),
     )  # fmt: skip
     assert int(rp.count) == 3 and rp.runtime[2] == np.float32(1.5)
+
+
+def test_checkpoint_without_the_pending_p_timeout_resumes_with_it_unknown(tmp_path):
+    """A checkpoint written before the pending anchors kept the WM's P(timeout) resumes: the
+    pending rows come back as saved, their P(timeout) unknown (NaN, the template's)."""
+    st = small_state()
+    fields = lambda x: {k: getattr(x, k) for k in x.__dataclass_fields__}
+    old_pending = {k: v for k, v in fields(st.pending).items() if k != "p_timeout"}
+    old_tree = {
+        "policy": st.policy, "ref_params": st.ref_params, "wm": st.wm,
+        "correction": st.correction, "replay": st.replay, "pending": old_pending, "rng": st.rng,
+    }  # fmt: skip
+    mgr = ocp.CheckpointManager(tmp_path / "checkpoints")
+    mgr.save(st.step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(old_tree), meta=ocp.args.JsonSave(st.counters())))  # fmt: skip
+    mgr.wait_until_finished()
+    mgr.close()
+    like = fresh_like(st).replace(pending=Pending.empty(2, 5))
+    ckpt = Checkpointer(tmp_path, keep=2)
+    back = ckpt.restore_latest(like)
+    ckpt.close()
+    assert int(back.pending.step) == 3 and back.pending.rows.tolist() == [4, 5]
+    assert np.isnan(back.pending.p_timeout).all()
 
 
 def test_checkpoint_missing_an_array_that_is_not_new_is_still_refused(tmp_path):

@@ -46,6 +46,46 @@ def test_time_to_target_ratio():
     assert out["ratio"] is None and out["t_real"] == 0.0 and "warm start" in out["note"]
 
 
+def test_executions_to_target_ratio_with_and_without_the_wms_pretraining():
+    """Real executions at the first evaluation reaching the target: real 24 (0.45 at its
+    third), wmrl 6 (0.41 at its second); 24 / 6 = 4, and counting 18 executions spent on
+    the WM before RL 24 / (6 + 18) = 1."""
+    real = [ev(0.0, 0.20, 0), ev(50.0, 0.30, 12), ev(100.0, 0.45, 24), ev(150.0, 0.40, 36)]
+    wmrl = [ev(0.0, 0.20, 0), ev(20.0, 0.41, 6), ev(40.0, 0.50, 12)]
+    curves = {"real": real, "wmrl": wmrl}
+    assert speedup_figures.executions_to_target(real, 0.40) == 24
+    assert speedup_figures.executions_to_target(wmrl, 0.60) is None
+    out = speedup_figures.executions_to_target_ratio(curves, 0.40, "wmrl", pretraining=18)
+    assert out == {"e_real": 24, "e_mode": 6, "ratio": 4.0, "ratio_with_pretraining": 1.0}
+    never = speedup_figures.executions_to_target_ratio(curves, 0.60, "wmrl", pretraining=18)
+    assert never["ratio"] is None and never["ratio_with_pretraining"] is None
+    # The warm start already had it: reached with no execution, no ratio.
+    warm = speedup_figures.executions_to_target_ratio(curves, 0.20, "wmrl", pretraining=18)
+    assert warm["e_mode"] == 0 and warm["ratio"] is None
+
+
+def test_analyse_reports_the_executions_ratios(tmp_path):
+    """On the hand-written runs (real's final 0.4 reached at 32 executions; wmrl's 0.45 at 4)
+    with 12 WM pretraining executions in wmrl's summary: 8x, and 32 / 16 = 2x counting them;
+    a run saved before the count was kept has no second ratio."""
+    from wmrl.benchmarks import speedup
+
+    finished_benchmark(tmp_path)
+    runs = speedup_runner.load_runs(tmp_path, ("real", "wmrl"))
+    plain = speedup.analyse(runs)
+    assert plain["executions_to_target"] == {"real": 32, "wmrl": 4}
+    assert plain["executions_to_target_ratio"] == 8.0
+    assert plain["executions_to_target_ratio_with_pretraining"] is None
+    runs["wmrl"]["summary"]["wm_pretraining_executions"] = {"corpus": 10, "policy_samples": 2,
+                                                            "total": 12}  # fmt: skip
+    out = speedup.analyse(runs)
+    assert out["executions_to_target_ratio_with_pretraining"] == 2.0
+    assert out["wm_pretraining_executions"] == {"wmrl": 12}
+    text = speedup.format_table(out)
+    assert "executions_to_target_ratio (real / wmrl, same target): 8.00" in text
+    assert "pretraining executions (12): 2.00" in text
+
+
 def test_reward_at_equal_wall_clock():
     # Modes reach 150 s and 60 s: compare at 60 s. real's last eval at or before 60 is t=50.
     t, rewards = speedup_figures.reward_at_equal_wall_clock({"real": REAL, "wmrl": WMRL})
@@ -426,7 +466,7 @@ def test_benchmark_end_to_end_tiny(tmp_path):
     from tests.support.rl_fixtures import tiny_flags
 
     flags = tiny_flags("", "", rl__steps=2)  # '' = the benchmark's shared dirs
-    proc = run_bench(bench_cmd(tmp_path / "bench", *flags), timeout=900)
+    proc = run_bench(bench_cmd(tmp_path / "bench", "--modes=real,wmrl", *flags), timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "bench" / "speedup.json").read_text())
     for key in ("time_to_target_ratio", "final_heldout_reward",
@@ -445,6 +485,14 @@ def test_benchmark_end_to_end_tiny(tmp_path):
         assert json.loads((tmp_path / "bench" / m / "summary.json").read_text())["mode"] == m
     assert (tmp_path / "bench" / "shared" / "init" / "warmstart" / "done.json").exists()
     assert "time_to_target_ratio" in proc.stdout
+    # The second executions ratio counts the WM's pretraining executions: here the executed
+    # corpus of the one training task (no policy samples), read from the data stage's log.
+    log = tmp_path / "bench" / "shared" / "data" / "trajectories" / "executions.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    corpus = sum(r["split"] == "train" and r["task_id"] == "iris-species" for r in records)
+    assert corpus == 6 and data["wm_pretraining_executions"] == {"wmrl": corpus}
+    assert "executions_to_target_ratio_with_pretraining" in data
+    assert f"pretraining executions ({corpus})" in proc.stdout
 
 
 @pytest.mark.slow

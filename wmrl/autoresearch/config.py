@@ -149,12 +149,24 @@ class PolicyConfig(Section):
 class WMConfig(Section):
     """The world model: its trunk, pretraining and online fine-tuning (`config.wm`)."""
 
+    # What scores the WM stream: "neural" (the transformer WM below) or "features" (a ridge
+    # regression on script and card features any user could list, refitted on the anchors:
+    # wmrl/autoresearch/feature_wm.py, the baseline the neural WM must beat; single-turn).
+    kind: str = setting("neural", choices=("neural", "features"))
     d_model: int = setting(64, low=1)
     num_layers: int = setting(2, low=1)
     mlp_dim: int = setting(192, low=1)
     head_dim: int = setting(16, low=1)
     num_members: int = setting(4, low=1)
-    pretrain_steps: int = setting(200, low=0)
+    pretrain_steps: int = setting(200, low=0)  # the most pretraining steps (fewer if stopped)
+    # Early stopping (wmrl.autoresearch.stages.pretrain_wm): every e > 0 steps the WM's
+    # within-task ranking of held-out rows (the held-out policy samples when the WM fits on
+    # policy samples, else the corpus validation split) is measured; the best parameters are
+    # kept and training stops after `pretrain_patience` measurements without a new best.
+    # 0 = train exactly `pretrain_steps`.
+    pretrain_eval_every: int = setting(0, low=0)
+    pretrain_patience: int = setting(5, low=1)
+    seed: int = setting(-1, low=-1)  # the WM's init and pretraining-batch seed; -1 = seed + 1
     batch_size: int = setting(16, low=1)
     learning_rate: float = setting(1e-3, above=0)
     rank_coef: float = setting(0.0, low=0)  # within-task pairwise ranking loss (0 = NLL only)
@@ -253,6 +265,12 @@ class AutoResearchConfig(RunConfig):
         super().check()
         self._check_turns()
         self._check_adaptive_rho()
+        if self.wm.kind == "features" and self.env.turns > 1:
+            raise ConfigError(
+                "wm.kind",
+                f"'features' scores single scripts; env.turns={self.env.turns} needs the neural "
+                "WM, which also predicts each turn's observation",
+            )
         if self.wm.policy_samples_per_task and self.env.turns > 1:
             raise ConfigError(
                 "wm.policy_samples_per_task",
@@ -340,6 +358,8 @@ HISTORY = ConfigHistory(
         "correction.corr_low": 0.0, "correction.corr_high": 0.5,
         "correction.rho_half_life": 16.0, "correction.rho_warmup_groups": 8,
         "correction.debias": "monotone",
+        "wm.seed": -1, "wm.pretrain_eval_every": 0, "wm.pretrain_patience": 5,
+        "wm.kind": "neural",
     },
     resolve=_resolved,
     resumable=(

@@ -6,14 +6,16 @@ plots. Importable from a notebook (`colabs/ablations.ipynb`).
 
 Files in the workdir:
     metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval")
-    pairs.jsonl     the anchor pairs (raw WM score, calibrated score, real reward) per step
+    pairs.jsonl     the anchor pairs (raw WM score, calibrated score, real reward, the WM's
+                    P(timeout) where it has a runtime head) per step
                     (`step`: the step whose anchors they are; with rl.anchor_lag = 1 the
                     next step trains on them and writes them)
     anchors.jsonl   journal of every real anchor execution (survives preemption); with
                     several processes one per process, anchors.p{index}.jsonl
     heldout.jsonl   the same for the held-out evaluations' executions (a resumed run reuses
                     them instead of executing, and re-randomising, them again)
-    summary.json    final results (its presence marks the run finished)
+    summary.json    final results (its presence marks the run finished), with the WM's
+                    figures on the anchors (`anchor_figures`: whole run and per quarter)
     checkpoints/    Orbax CheckpointManager steps
     tb/             TensorBoard event files
     plots/          heldout_reward.png, wm_calibration.png, corrections.png
@@ -61,9 +63,9 @@ from etils import epath
 from tqdm import tqdm
 
 from wmrl import distributed, storage
+from wmrl.autoresearch import anchor_metrics, model_setup, stages
 from wmrl.autoresearch import config as rlconfig
 from wmrl.autoresearch import data as rldata
-from wmrl.autoresearch import model_setup, stages
 from wmrl.autoresearch.plots import plot_run
 from wmrl.experiment import config as xconfig
 from wmrl.jsonl import StepLog, read_jsonl
@@ -181,6 +183,8 @@ class Stages:
     wm_report: dict
     seconds: float
     policy_samples_report: dict | None = None  # None: wm.policy_samples_per_task = 0
+    # wm.kind = "features": the script-feature scorer the trainer uses as its WM
+    feature_wm: object | None = None
 
 
 def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) -> Stages:
@@ -206,15 +210,22 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
     # params before the warm start) or, with wm.trunk_from_policy, the warm-started ones.
     trunk = policy_params if config.wm.trunk_from_policy else policy.state.params
     wm = model_setup.build_wm(
-        config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh, config.seed + 1,
-        trunk_params=trunk,
+        config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh,
+        stages.wm_seed(config), trunk_params=trunk,
     )  # fmt: skip
-    wm_params, wm_report = stages.pretrain_wm(
-        config, prepared, wm, inits / "wm_pretrain", progress, samples=samples
-    )
+    feature_wm = None
+    if config.wm.kind == "features":  # the script-feature scorer stands in for the WM
+        from wmrl.autoresearch.feature_wm import FeatureWM
+
+        feature_wm = FeatureWM(config, prepared, samples)
+        wm_params, wm_report = wm.state.params, feature_wm.report()  # no neural pretraining
+    else:
+        wm_params, wm_report = stages.pretrain_wm(
+            config, prepared, wm, inits / "wm_pretrain", progress, samples=samples
+        )
     return Stages(
         prepared, policy, wm, policy_params, wm_params, sft_report, wm_report,
-        time.monotonic() - t0, samples_report,
+        time.monotonic() - t0, samples_report, feature_wm,
     )  # fmt: skip
 
 
@@ -265,19 +276,21 @@ def run(
         ckpt.close()
         log.close()
     summary = make_summary(config, st, s.sft_report, s.wm_report, s.seconds, compile_s)
+    summary["wm_pretraining_executions"] = stages.wm_pretraining_executions(
+        s.prepared, s.policy_samples_report
+    )  # beside real_executions (RL's)
     if s.policy_samples_report is not None:  # the stage's cost (executions, seconds)
         summary["policy_samples"] = {
             k: v for k, v in s.policy_samples_report.items() if k != "config"
         }
     if write_outputs:
         records = read_jsonl(workdir / "metrics.jsonl")
+        pairs = read_jsonl(workdir / "pairs.jsonl")
         plot_run(
-            workdir,
-            [r for r in records if r["kind"] == "step"],
-            st.evals,
-            read_jsonl(workdir / "pairs.jsonl"),
+            workdir, [r for r in records if r["kind"] == "step"], st.evals, pairs,
             config.target_reward,
-        )
+        )  # fmt: skip
+        summary["anchor_figures"] = anchor_figures(config, pairs, st.step)
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -326,13 +339,16 @@ class _ExecutorStart:
 
 
 def make_trainer(config, s: Stages, pool, workdir):
-    """The single-turn `Trainer`, or for `env.turns` > 1 the episode trainer
-    (`wmrl.autoresearch.multiturn`), on the stages' outputs."""
+    """The single-turn `Trainer` (with the feature scorer as its WM under `wm.kind =
+    "features"`), or for `env.turns` > 1 the episode trainer (`wmrl.autoresearch.multiturn`),
+    on the stages' outputs."""
     if config.env.turns > 1:
-        from wmrl.autoresearch.multiturn import MultiTurnTrainer as Chosen
-    else:
-        from wmrl.autoresearch.trainer import Trainer as Chosen
-    return Chosen(config, s.prepared, s.policy, s.wm, pool, workdir)
+        from wmrl.autoresearch.multiturn import MultiTurnTrainer
+
+        return MultiTurnTrainer(config, s.prepared, s.policy, s.wm, pool, workdir)
+    from wmrl.autoresearch.trainer import Trainer
+
+    return Trainer(config, s.prepared, s.policy, s.wm, pool, workdir, feature_wm=s.feature_wm)
 
 
 def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
@@ -379,6 +395,19 @@ def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
         )
     bar.close()
     return st, compile_s
+
+
+def anchor_figures(config, pairs: list[dict], steps: int) -> dict | None:
+    """What the static check cannot see, on the run's anchor pairs
+    (`wmrl.autoresearch.anchor_metrics.anchor_report`: learned-row within-group Spearman,
+    failure AUC among unflagged rows, Spearman among VALID rows, P(timeout) calibration),
+    over the whole run (`all`) and per quarter of its `steps` RL steps (`quarters`); None
+    in a mode without a WM (`real`: its pairs carry no WM score)."""
+    from wmrl.core.correct import MODE_SPECS
+
+    if not MODE_SPECS[config.mode].uses_wm:
+        return None
+    return anchor_metrics.anchor_report(pairs, max(steps, 1))
 
 
 def _eval_due_s(config, st) -> bool:
@@ -460,6 +489,7 @@ def make_summary(
         ],
         "final_heldout_status_rates": evals[-1]["heldout_status_rates"],
         **_by_turn(evals),
+        "wm_kind": config.wm.kind,
         "wm_pretrain_heldout": held,
         # without the stage's config (a loaded stage's report carries it, a built one's not)
         "warm_start": {k: v for k, v in sft_report.items() if k != "config"},

@@ -24,6 +24,8 @@ TINY_SETTING = {
     "wm.head_dim": 8,
     "wm.num_members": 2,
     "wm.pretrain_steps": 2,
+    "wm.pretrain_eval_every": 0,  # a fixed step count (the tests set their own)
+    "wm.policy_samples_per_task": 0,
     "wm.batch_size": 4,
     "wm.online_steps": 1,
     "wm.replay_size": 16,

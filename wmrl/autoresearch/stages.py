@@ -11,6 +11,7 @@ process 0 alone clears the stage folder and writes `done.json`, between barriers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -27,7 +28,7 @@ from wmrl.autoresearch.config import HISTORY
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.env.observation import ERROR_TYPES
 from wmrl.autoresearch.env.suite import SUITE_VERSION
-from wmrl.autoresearch.wm_metrics import wm_report
+from wmrl.autoresearch.wm_metrics import predict_rows, within_task_spearman, wm_report
 from wmrl.config_errors import ConfigError
 from wmrl.experiment.config import check_stage, get_field, plain
 from wmrl.jsonl import read_jsonl
@@ -46,7 +47,8 @@ STAGE_FIELDS = {
         "wm.learning_rate", "wm.rank_coef", "wm.runtime_coef", "wm.error_type_coef",
         "wm.validation_coef", "wm.group_rows",
         "wm.trunk_from_policy", "wm.validation_every", "policy",
-        "wm.policy_samples_per_task", "wm.policy_validation_every",
+        "wm.policy_samples_per_task", "wm.policy_validation_every", "wm.seed",
+        "wm.pretrain_eval_every", "wm.pretrain_patience",
     ),
 }  # fmt: skip
 POLICY_SAMPLES = "policy_samples"
@@ -55,8 +57,11 @@ POLICY_SAMPLES_KEY = 17  # folded into jax.random.key(seed): the policy samples'
 
 def active_stages(config) -> tuple[str, ...]:
     """The stages before RL this config runs (the policy samples only with
-    `wm.policy_samples_per_task` > 0)."""
+    `wm.policy_samples_per_task` > 0; no neural pretraining for `wm.kind = "features"`,
+    whose scorer is fitted when RL starts)."""
     skip = () if config.wm.policy_samples_per_task > 0 else (POLICY_SAMPLES,)
+    if config.wm.kind == "features":
+        skip = (*skip, "wm_pretrain")
     return tuple(s for s in STAGE_FIELDS if s not in skip)
 
 
@@ -232,13 +237,18 @@ SAMPLES_FILE = "samples.jsonl"  # the policy samples' records, written before do
 SAMPLES_STARTED = "started.json"  # the fingerprint an unfinished policy-sample stage ran with
 
 
-def policy_samples(config, prepared, policy: model_setup.Model, params, stage_dir, progress=True):
+def policy_samples(
+    config, prepared, policy: model_setup.Model, params, stage_dir, progress=True,
+    stream: int = POLICY_SAMPLES_KEY,
+):  # fmt: skip
     """`wm.policy_samples_per_task` = k scripts per training task from the warm-started
     policy, sampled with RL's settings (its prompt, `rl.temperature`, `data.max_new_tokens`)
     and executed for real in the sandbox pool as the RL anchors are (each task's limit capped
     by `suite.time_limit_s`, the grader's outcome), by the held-out evaluation's sampler and
     executor (`evaluation.generate_rows`, `evaluation.execute_scripts`). Returns (records,
-    report); k = 0: ([], None), nothing sampled or written.
+    report); k = 0: ([], None), nothing sampled or written. `stream` is folded into the
+    seed's key: another value draws other scripts (`wmrl.benchmarks.wm_quality` samples its
+    yardstick so), and a cached stage drawn from another stream is an error.
 
     The WM pretraining fits on them (`policy_sample_rows`): it then sees the distribution it
     scores during RL, not only the authored corpus. Cached under `stage_dir` (`samples.jsonl`,
@@ -252,12 +262,19 @@ def policy_samples(config, prepared, policy: model_setup.Model, params, stage_di
     stage_dir = epath.Path(stage_dir)
     report = _done(stage_dir, config)
     if report is not None:
+        if report.get("stream", POLICY_SAMPLES_KEY) != stream:
+            raise ConfigError(
+                "policy_samples",
+                f"{stage_dir} holds samples of key stream {report.get('stream')}, not {stream}",
+            )
         return read_jsonl(stage_dir / SAMPLES_FILE), report
     from wmrl.autoresearch import evaluation
     from wmrl.autoresearch.anchors import open_journal
     from wmrl.autoresearch.env.executor import make_executor
 
     fingerprint = _fingerprint(config, POLICY_SAMPLES)
+    if stream != POLICY_SAMPLES_KEY:
+        fingerprint["stream"] = stream  # an unfinished stage of another stream starts over
     started = stage_dir / SAMPLES_STARTED
     if distributed.is_main_process():
         stale = started.exists() and json.loads(started.read_text()) != fingerprint
@@ -272,7 +289,7 @@ def policy_samples(config, prepared, policy: model_setup.Model, params, stage_di
         print(f"policy samples: {k} per training task x {len(tasks)} tasks", flush=True)
     prompts = [rldata.task_prompt(config, t) for t in tasks]
     sc = evaluation.rl_sampling(config, tok, k)
-    key = jax.random.fold_in(jax.random.key(config.seed), POLICY_SAMPLES_KEY)
+    key = jax.random.fold_in(jax.random.key(config.seed), stream)
     rows, scripts = evaluation.generate_rows(
         policy.graphdef, params, tok, prompts, config.data.max_prompt_len, sc, key,
         model_setup.seq_len(config),
@@ -308,14 +325,25 @@ def policy_samples(config, prepared, policy: model_setup.Model, params, stage_di
         "graded": len(rewards),
         "status_counts": {n: statuses.count(n) for n in sorted(set(statuses))},
         "mean_reward": float(np.mean(rewards)) if rewards else None,
-        "sample_s": sample_s, "time_s": time.monotonic() - t0,
+        "sample_s": sample_s, "time_s": time.monotonic() - t0, "stream": stream,
     }  # fmt: skip
     if distributed.is_main_process():
         (stage_dir / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
-        done = {**report, "config": fingerprint}
+        done = {**report, "config": _fingerprint(config, POLICY_SAMPLES)}
         (stage_dir / "done.json").write_text(json.dumps(done, indent=2))
     distributed.barrier(f"{POLICY_SAMPLES} done")
     return records, report
+
+
+def wm_pretraining_executions(prepared, samples_report: dict | None) -> dict:
+    """Real executions spent before RL on the WM's training data, a cost beside RL's own
+    `real_executions` (as embodied reports its WM-pretraining rollouts): the executed corpus
+    of the training tasks (the held-out tasks' executions only measure the WM) and the
+    policy samples (`samples_report`, None when there are none)."""
+    train_ids = {t.id for t in prepared.train_tasks}
+    corpus = sum(r["split"] == "train" and r["task_id"] in train_ids for r in prepared.executions)
+    samples = samples_report["executions"] if samples_report else 0
+    return {"corpus": int(corpus), "policy_samples": int(samples), "total": int(corpus + samples)}
 
 
 def policy_sample_rows(config, prepared, records: list[dict]) -> dict:
@@ -361,6 +389,13 @@ def split_policy_samples(config, rows: dict) -> tuple[dict, dict]:
     j = rows["script_index"] - config.data.scripts_per_task
     val = (j % every == every - 1) if every > 0 else np.zeros(len(j), bool)
     return {k: v[~val] for k, v in rows.items()}, {k: v[val] for k, v in rows.items()}
+
+
+def policy_fit_records(config, records: list[dict]) -> list[dict]:
+    """The policy samples' records a WM fits on: all but the held-out ones
+    (`split_policy_samples`'s rule on the records themselves)."""
+    every = config.wm.policy_validation_every
+    return [r for r in records if every == 0 or r["index"] % every != every - 1]
 
 
 def wm_rows(config, prepared, split: str) -> dict:
@@ -441,15 +476,27 @@ def grouped_rows(rng: np.random.Generator, group: np.ndarray, batch: int, per_gr
 
 def pretrain_wm(
     config, prepared, wm: model_setup.Model, stage_dir: epath.Path, progress=True,
-    samples: list[dict] | None = None,
+    samples: list[dict] | None = None, monitor=None,
 ):  # fmt: skip
-    """Fit the WM on the executed corpus of the training tasks; report held-out calibration.
+    """Fit the WM on the executed corpus of the training tasks (and the fit part of the
+    policy samples); report held-out calibration and ranking.
 
     `samples`: the policy samples' records (`policy_samples`). With
     `wm.policy_samples_per_task` > 0 their fit part (`split_policy_samples`) joins the
     pretraining rows; either way the report's `policy_validation` is the WM on their held-out
     part (with k = 0 the WM never saw a policy sample: the control of
-    `wmrl.benchmarks.wm_quality`)."""
+    `wmrl.benchmarks.wm_quality`).
+
+    `wm.pretrain_steps` is the most steps it trains. With `wm.pretrain_eval_every` = e > 0 it
+    is trained to convergence instead: every e steps the within-task ranking of the rows
+    early stopping watches (`stopping_rows`) is measured (`within_task_concordance`), the
+    best parameters so far are kept, and training stops once `wm.pretrain_patience`
+    measurements in a row have not improved on the best; the best parameters are the
+    stage's. When the early-stopping rows are the held-out policy samples, the report's
+    `policy_validation` is measured on the rows that chose the step (an optimistic figure:
+    `wmrl.benchmarks.wm_quality` measures on policy samples of their own). `monitor`:
+    `params -> dict` called at each of those measurements, its figures kept in the history
+    under `monitor` (the benchmark's learning curves; nothing depends on them)."""
     report = _done(stage_dir, config)
     if report is not None:
         return load_params(stage_dir, wm.state.params), report
@@ -468,7 +515,7 @@ def pretrain_wm(
     m = wm.with_optimizer(
         model_setup.adam(config.wm.learning_rate, steps, warmup=max(steps // 20, 1))
     )
-    rng = np.random.default_rng(config.seed + 1)
+    rng = np.random.default_rng(wm_seed(config))
     coefs = model_setup.head_coefs(config)
     flags = model_setup.head_batch_flags(coefs)
     P = config.data.max_prompt_len
@@ -484,9 +531,13 @@ def pretrain_wm(
         for w, idx in buckets
     }  # fmt: skip
     share = np.array([len(idx) for _, idx in buckets], np.float64) / n
-    state, t0, mse = m.state, time.monotonic(), float("nan")
+    score_fn = make_wm_score_fn(m.graphdef, m.shardings, m.mesh)
+    watched, watched_name = stopping_rows(config, validation, policy_val)
+    every = config.wm.pretrain_eval_every if watched is not None else 0
+    watch = EarlyStopping(config.wm.pretrain_patience)
+    state, t0, mse, best, history = m.state, time.monotonic(), float("nan"), None, []
     bar = tqdm(range(steps), desc="world model pretraining", disable=not progress)
-    per_group = config.wm.group_rows
+    per_group, trained = config.wm.group_rows, 0
     for i in bar:
         j = rng.choice(len(buckets), p=share) if len(buckets) > 1 else 0
         width, rows_j = buckets[j]
@@ -495,26 +546,115 @@ def pretrain_wm(
         else:
             idx = rows_j[rng.integers(0, len(rows_j), bs)]
         state, metrics = steps_by_width[width](state, batch(idx, width))
+        trained = i + 1
         if i % 10 == 0 or i == steps - 1:
             mse = float(metrics["mse"][0]) / max(float(metrics["mse"][1]), 1.0)
             bar.set_postfix(mse=f"{mse:.4f}")
-    score_fn = make_wm_score_fn(m.graphdef, m.shardings, m.mesh)
+        if every and trained % every == 0:
+            figures = ranking_figures(score_fn, state.params, watched)
+            if monitor is not None:
+                figures["monitor"] = monitor(state.params)
+            history.append({"step": trained, **figures})
+            if watch.update(trained, figures["concordance"]):
+                best = jax.tree.map(lambda x: x.copy(), state.params)  # the step donates
+            bar.set_postfix(mse=f"{mse:.4f}", watched=f"{figures['concordance']}")
+            if watch.stop:
+                break
+    params = state.params if best is None else best
     report = {
         "pretrain_steps": steps,
+        "steps_trained": trained,
+        "best_step": watch.best_step if best is not None else trained,
         "train_examples": n,
         "final_train_mse": mse,
-        "heldout": wm_report(score_fn, state.params, held),
-        "train": wm_report(score_fn, state.params, train, keep_scores=False),
+        "heldout": wm_report(score_fn, params, held),
+        "train": wm_report(score_fn, params, train, keep_scores=False),
         "time_s": time.monotonic() - t0,
     }
+    if every:
+        report["early_stopping"] = {
+            "rows": watched_name, "n": int(watched["valid"].sum()), "every": every,
+            "patience": watch.patience, "best_concordance": watch.best, "history": history,
+        }  # fmt: skip
     if validation is not None:
-        report["validation"] = wm_report(score_fn, state.params, validation, keep_scores=False)
+        report["validation"] = wm_report(score_fn, params, validation, keep_scores=False)
     if policy_fit is not None:
         fitted = config.wm.policy_samples_per_task > 0
         report["policy_fit_examples"] = len(policy_fit["tokens"]) if fitted else 0
         if len(policy_val["tokens"]):
-            report["policy_validation"] = wm_report(
-                score_fn, state.params, policy_val, keep_scores=False
-            )
-    save_params(stage_dir, state.params, report, config)
-    return state.params, report
+            report["policy_validation"] = wm_report(score_fn, params, policy_val, keep_scores=False)
+    save_params(stage_dir, params, report, config)
+    return params, report
+
+
+def wm_seed(config) -> int:
+    """The WM's initialisation and pretraining-batch seed: `wm.seed`, or `seed` + 1 when it
+    is -1 (what every WM before the field used)."""
+    return config.seed + 1 if config.wm.seed == -1 else config.wm.seed
+
+
+def stopping_rows(config, validation: dict | None, policy_val: dict | None):
+    """`(rows, name)` early stopping watches: the held-out policy samples when the WM is
+    fitted on policy samples (`"policy_samples"`: new scripts of the policy, the rows it
+    scores in RL), else the corpus validation split (`"corpus_validation"`,
+    `wm.validation_every` > 0), else `(None, None)`: a fixed step count."""
+    fitted = config.wm.policy_samples_per_task > 0
+    if fitted and policy_val is not None and policy_val["valid"].any():
+        return policy_val, "policy_samples"
+    if validation is not None and validation["valid"].any():
+        return validation, "corpus_validation"
+    return None, None
+
+
+def ranking_figures(score_fn, params, rows: dict) -> dict:
+    """The WM on early-stopping rows: `concordance` (`within_task_concordance`, what
+    early stopping maximises), the mean within-task Spearman and the score's mean squared
+    error, over the graded rows."""
+    keep = np.nonzero(rows["valid"])[0]
+    s = predict_rows(score_fn, params, rows, keep)["score"]
+    y, g = rows["target"][keep], rows["group"][keep]
+    return {
+        "concordance": within_task_concordance(s, y, g),
+        "within_task_spearman": within_task_spearman(s, y, g)["mean"],
+        "mse": float(np.mean((s - y) ** 2)),
+    }
+
+
+def within_task_concordance(scores, targets, group) -> float | None:
+    """Of the pairs of one task's rows whose real rewards differ, pooled over tasks, the
+    fraction the scores order the same way (a tie in score counts one half). The within-task
+    order GRPO uses, averaged over pairs rather than over tasks: on a held-out split of a few
+    rows per task it is steadier than the mean of per-task Spearman correlations (each +-1
+    with two rows). None without such a pair."""
+    scores, targets, group = (np.asarray(a) for a in (scores, targets, group))
+    agree, pairs = 0.0, 0
+    for g in np.unique(group):
+        s, y = scores[group == g], targets[group == g]
+        dy, ds = np.sign(y[:, None] - y[None, :]), np.sign(s[:, None] - s[None, :])
+        upper = np.triu(np.ones(dy.shape, bool), 1) & (dy != 0)
+        agree += float((ds * dy)[upper].clip(0).sum() + 0.5 * (ds[upper] == 0).sum())
+        pairs += int(upper.sum())
+    return agree / pairs if pairs else None
+
+
+@dataclasses.dataclass
+class EarlyStopping:
+    """Keeps the best measurement (higher is better) and says when to stop: after `patience`
+    measurements in a row without a new best (an undefined measurement, None, is none)."""
+
+    patience: int
+    best: float | None = None
+    best_step: int = 0
+    since_best: int = 0
+
+    def update(self, step: int, value: float | None) -> bool:
+        """Fold in the measurement at `step`; True when it is the new best."""
+        if value is not None and (self.best is None or value > self.best):
+            self.best, self.best_step, self.since_best = float(value), step, 0
+            return True
+        self.since_best += 1
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return self.since_best >= self.patience

@@ -32,11 +32,12 @@ from wmrl.models.train_steps import TrainState
 
 TOKEN_ARRAYS = ("tokens", "input_mask", "loss_mask", "old_logp")  # per-token rows of a batch
 
-# Checkpoint paths (`a/b/c`) an older checkpoint may lack: the replay's observation targets
-# and the world model's observation heads (params, and their optimiser moments anywhere
-# under `wm/`).
+# Checkpoint paths (`a/b/c`) an older checkpoint may lack: the replay's observation targets,
+# the pending anchors' P(timeout) and the world model's observation heads (params, and their
+# optimiser moments anywhere under `wm/`).
 NEW_LEAVES = re.compile(
     r"^replay/(runtime|error_type|validation)$"
+    r"|^pending/p_timeout$"
     r"|^wm/.*/(runtime_|error_|validation_)[^/]*$"
 )
 
@@ -107,7 +108,8 @@ class Replay:
                                               "validation")}  # fmt: skip
 
 
-PENDING_ROW_ARRAYS = ("rows", *TOKEN_ARRAYS, "ref_logp", "r_wm")  # Pending's per-row arrays
+# Pending's per-row arrays
+PENDING_ROW_ARRAYS = ("rows", *TOKEN_ARRAYS, "ref_logp", "r_wm", "p_timeout")
 
 
 @struct.dataclass
@@ -127,6 +129,9 @@ class Pending:
     old_logp: np.ndarray
     ref_logp: np.ndarray
     r_wm: np.ndarray  # [A*G] raw WM scores at generation time (the pairs' r_wm)
+    # [A*G] the WM's P(timeout) at generation time (the pairs' p_timeout), NaN = unknown (no
+    # runtime head; a checkpoint written before it was kept)
+    p_timeout: np.ndarray
 
     @property
     def valid(self) -> bool:
@@ -149,7 +154,7 @@ class Pending:
 
         def pad(name):
             a = np.asarray(getattr(self, name))
-            fill = -1 if name == "rows" else 0
+            fill = -1 if name == "rows" else np.nan if name == "p_timeout" else 0
             return np.concatenate([a, np.full((extra, *a.shape[1:]), fill, a.dtype)])
 
         return self.replace(**{k: pad(k) for k in PENDING_ROW_ARRAYS})
@@ -159,7 +164,8 @@ class Pending:
         f = lambda dtype: np.zeros((n, width), dtype)
         return cls(step=np.int64(-1), rows=np.zeros(n, np.int64), tokens=f(np.int32),
                    input_mask=f(bool), loss_mask=f(np.float32), old_logp=f(np.float32),
-                   ref_logp=f(np.float32), r_wm=np.zeros(n, np.float32))  # fmt: skip
+                   ref_logp=f(np.float32), r_wm=np.zeros(n, np.float32),
+                   p_timeout=np.full(n, np.nan, np.float32))  # fmt: skip
 
 
 @struct.dataclass

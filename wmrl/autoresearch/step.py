@@ -54,6 +54,8 @@ class Scored(NamedTuple):
 
     r_wm: np.ndarray  # [N] float32 raw WM scores (zeros without a WM)
     ref_logp: np.ndarray  # [N, L] reference policy's log-probs
+    # [N] the WM's P(timeout) under each row's limit (None: no runtime head, or no WM)
+    p_timeout: np.ndarray | None = None
 
 
 class Exchanged(NamedTuple):
@@ -79,6 +81,9 @@ class Exchanged(NamedTuple):
     # [N] the scripts sampled this step (the anchor positions' trained scripts, spliced in
     # with the lag, are decoded from their tokens where a verifier needs them).
     scripts: list | None = None
+    # [N] float32 the WM's P(timeout) of each position's script when it was scored (NaN where
+    # unknown), recorded with the anchor pairs (`wmrl.autoresearch.anchor_metrics`).
+    p_timeout: np.ndarray | None = None
 
 
 class Corrected(NamedTuple):
@@ -109,6 +114,8 @@ def no_exchange(sampled: Sampled, scored: Scored, pending: Pending) -> Exchanged
         collected=0, new_executions=0, pending=pending,
         runtime_s=np.full(n, np.nan, np.float32), error_type=np.full(n, -1, np.int32),
         validation=np.full(n, np.nan, np.float32), scripts=list(sampled.scripts),
+        p_timeout=np.full(n, np.nan, np.float32) if scored.p_timeout is None
+        else np.asarray(scored.p_timeout, np.float32),
     )  # fmt: skip
 
 
@@ -203,15 +210,21 @@ def step_metrics(
 
 
 def anchor_pairs(x: Exchanged, c: Corrected) -> list[dict]:
-    """pairs.jsonl records: the graded anchor positions' (raw WM, calibrated, real)."""
+    """pairs.jsonl records: the graded anchor positions' (raw WM, calibrated, real), and the
+    WM's P(timeout) (`p_timeout`) where it has a runtime head."""
     cal, st = np.asarray(c.result.calibrated), c.static
-    return [
+    pairs = [
         {"step": x.origin[i][0] + 1, "row": x.origin[i][1], "task_id": x.trained_tasks[i].id,
          "status": int(x.status[i]), "r_wm": float(x.r_wm[i]), "r_cal": float(cal[i]),
          "r_env": float(x.r_env[i]), "static": bool(st[i] >= 0),
          "static_status": Status(int(st[i])).name if st[i] >= 0 else None}
         for i in np.nonzero(c.env_valid)[0]
     ]  # fmt: skip
+    if x.p_timeout is not None:
+        for p, i in zip(pairs, np.nonzero(c.env_valid)[0], strict=True):
+            if np.isfinite(x.p_timeout[i]):
+                p["p_timeout"] = float(x.p_timeout[i])
+    return pairs
 
 
 def _mean(metrics: dict, name: str):

@@ -15,7 +15,8 @@ One step (docs/method.md 3), for B training tasks x G scripts:
 5. **GRPO**: anchor groups use real rewards, WM groups calibrated WM scores; ungraded
    trajectories are masked; the anchor weight scales the anchor groups' advantages.
 6. **WM online**: the anchor outcomes (real rewards only) join a replay buffer the WM is
-   fine-tuned on.
+   fine-tuned on (with `wm.kind = "features"` the script-feature scorer is refitted on it
+   instead, `wmrl.autoresearch.feature_wm`).
 
 `run_step` is the shared driver `wmrl.experiment.step.run_step` over this class's phases
 (`sample`, `route`, `act`, `correct`, `update`, `finish`), each a method with a typed record
@@ -90,8 +91,18 @@ class Trainer:
         wm: model_setup.Model,
         pool,
         workdir: Path,
+        feature_wm=None,
     ):
         self.config = config  # for the model and data helpers; the step reads `self.tc`
+        # wm.kind = "features": the script-feature scorer (`wmrl.autoresearch.feature_wm`)
+        # scores the rows and is refitted on the replay of real outcomes; the neural WM is
+        # then neither called nor trained.
+        if (config.wm.kind == "features") != (feature_wm is not None):
+            raise ValueError(
+                f"wm.kind={config.wm.kind!r} needs "
+                + ("a FeatureWM (feature_wm=)" if feature_wm is None else "feature_wm=None")
+            )
+        self.feature_wm = feature_wm
         self.tc = tc = rlconfig.trainer_config(config)
         self.prepared = prepared
         self.tok = prepared.tokenizer
@@ -205,6 +216,14 @@ class Trainer:
         """The scripts of completions `[n, N]` (tokens where `cmask`)."""
         return evaluation.decode_scripts(self.tok, comp, cmask)
 
+    def _wm_predict(self, st: RunState, s: Sampled) -> dict:
+        """The WM's outputs for the step's rows: the neural WM's (`_wm_scores`), or the
+        feature scorer's, fitted on the corpus and the replay of real outcomes in `st`."""
+        if self.feature_wm is None:
+            return self._wm_scores(st.wm.params, s.rows, s.row_tasks)
+        self.feature_wm.fit_to(st.replay)
+        return self.feature_wm.predict(s.scripts, s.row_tasks)
+
     def _wm_scores(self, params, rows, tasks) -> dict:
         """WM predictions of the rows (`tasks`: each row's task, whose time limit the
         runtime head's P(timeout) is taken under)."""
@@ -300,7 +319,7 @@ class Trainer:
         wm_out, group_var = None, None
         if self.spec.uses_wm and self.routing.uncertainty_share > 0:
             with clock("wm_score_s"):
-                wm_out = self._wm_scores(st.wm.params, s.rows, s.row_tasks)
+                wm_out = self._wm_predict(st, s)
             group_var = jnp.asarray(wm_out["predictive_var"].reshape(B, G).mean(axis=1))
         rho = self.rho_in_force(st)
         n = int(num_anchor_groups(B, B, self.routing, rho=rho))
@@ -347,14 +366,15 @@ class Trainer:
         wm_out = r.wm_out
         if self.spec.uses_wm and wm_out is None:
             with clock("wm_score_s"):
-                wm_out = self._wm_scores(st.wm.params, s.rows, s.row_tasks)
+                wm_out = self._wm_predict(st, s)
         with clock("train_s"):
             tokens, mask = jnp.asarray(s.rows["tokens"]), jnp.asarray(s.rows["input_mask"])
             ref_logp = self.logprobs(st.ref_params, tokens, mask)
             ref_logp = distributed.process_allgather_to_numpy(ref_logp)
         n = len(s.scripts)
         r_wm = wm_out["score"] if wm_out is not None else np.zeros(n, np.float32)
-        return Scored(r_wm, ref_logp)
+        p_timeout = wm_out.get("p_timeout") if wm_out is not None else None
+        return Scored(r_wm, ref_logp, p_timeout)
 
     def _exchange(
         self, st: RunState, s: Sampled, r: Routed, sc: Scored, sub: Submission, clock
@@ -367,7 +387,7 @@ class Trainer:
         if self.anchors.lag and len(ex):
             x = x._replace(pending=Pending(
                 step=np.int64(s.step), rows=ex.astype(np.int64), ref_logp=sc.ref_logp[ex],
-                r_wm=np.asarray(sc.r_wm, np.float32)[ex],
+                r_wm=np.asarray(sc.r_wm, np.float32)[ex], p_timeout=x.p_timeout[ex],
                 **{k: s.rows[k][ex] for k in TOKEN_ARRAYS},
             ).padded(self.num_anchor_rows))  # fmt: skip
         with clock("anchor_wait_s"):
@@ -387,8 +407,9 @@ class Trainer:
             for k in TOKEN_ARRAYS:
                 s.rows[k][idx] = getattr(prev, k)
             ref_logp, r_wm = np.array(x.ref_logp), np.array(x.r_wm, np.float32)  # writable
-            ref_logp[idx], r_wm[idx] = prev.ref_logp, prev.r_wm
-            x = x._replace(ref_logp=ref_logp, r_wm=r_wm)
+            p_timeout = np.array(x.p_timeout, np.float32)
+            ref_logp[idx], r_wm[idx], p_timeout[idx] = prev.ref_logp, prev.r_wm, prev.p_timeout
+            x = x._replace(ref_logp=ref_logp, r_wm=r_wm, p_timeout=p_timeout)
             tasks = self._tasks_for_rows(got.step, prev.rows)
             for i, row, task in zip(idx, prev.rows, tasks, strict=True):
                 x.origin[i], x.trained_tasks[i] = (got.step, int(row)), task
@@ -450,7 +471,8 @@ class Trainer:
                 error_type=x.error_type[idx],
                 validation=x.validation[idx],
             )
-            wm = self._wm_online(wm, replay, st.step)
+            if self.feature_wm is None:  # the feature scorer refits on the replay instead
+                wm = self._wm_online(wm, replay, st.step)
         jax.block_until_ready((policy, wm))
         return Updated(policy, wm, replay, pmetrics)
 

@@ -44,13 +44,10 @@ def runtime_report(pred: dict, rows: dict, keep: np.ndarray) -> dict:
     }
 
 
-def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool = True) -> dict:
-    """Calibration (interval ECE from the predictive variance) and Spearman rank correlation
-    of WM score vs real reward (pooled, and within each task), over the graded rows; with
-    `keep_scores` also the scores and targets themselves. With the runtime head the score is
-    the time-out-aware one under each row's `time_limit_s`, and the report adds the reward
-    head's own within-task Spearman (`within_task_spearman_raw`) and `runtime_report`."""
-    keep = np.nonzero(rows["valid"])[0]
+def predict_rows(score_fn, params, rows: dict, keep: np.ndarray, batch: int = 64) -> dict:
+    """The WM's outputs on rows `keep` (`score`, `predictive_var` and, with the runtime head,
+    `score_raw`, `p_timeout`, `runtime_s`), each `[len(keep)]`, under each row's
+    `time_limit_s`, in fixed-size batches (one compiled shape)."""
     got: dict[str, list] = {}
     for i in range(0, len(keep), batch):
         idx = keep[i : i + batch]
@@ -62,7 +59,17 @@ def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool =
         out = distributed.process_allgather_to_numpy({k: out[k] for k in names if k in out})
         for k, v in out.items():
             got.setdefault(k, []).append(v[: len(idx)])
-    pred = {k: np.concatenate(v) for k, v in got.items()}
+    return {k: np.concatenate(v) for k, v in got.items()}
+
+
+def wm_report(score_fn, params, rows: dict, batch: int = 64, keep_scores: bool = True) -> dict:
+    """Calibration (interval ECE from the predictive variance) and Spearman rank correlation
+    of WM score vs real reward (pooled, and within each task), over the graded rows; with
+    `keep_scores` also the scores and targets themselves. With the runtime head the score is
+    the time-out-aware one under each row's `time_limit_s`, and the report adds the reward
+    head's own within-task Spearman (`within_task_spearman_raw`) and `runtime_report`."""
+    keep = np.nonzero(rows["valid"])[0]
+    pred = predict_rows(score_fn, params, rows, keep, batch)
     s, v, y = pred["score"], pred["predictive_var"], rows["target"][keep]
     report = {
         "n": len(keep),

@@ -51,6 +51,13 @@ Every evaluation executes `--eval_samples` (default 5) scripts per held-out task
 held-out tasks) is ~0.03; the JSON reports it per mode (`heldout_reward_se_mean`,
 `heldout_reward_se_max` over the run's evaluations).
 
+Real executions to the same target (real's final held-out reward) are compared too:
+`executions_to_target_ratio` (E_real / E_wmrl, RL's executions) and
+`executions_to_target_ratio_with_pretraining`, which adds to wmrl's the executions spent
+before RL on its WM's training data (`wm_pretraining_executions` of its summary: the executed
+corpus and, with `wm.policy_samples_per_task`, the policy samples), as embodied counts its
+WM-pretraining rollouts.
+
 Writes `--out` (default DIR/speedup.json), DIR/speedup.png (held-out reward vs training
 wall-clock and vs real executions, +-1 standard error bars) and prints a table. This module
 is the analysis (and the command); the printed table and the plots are `speedup_report`'s,
@@ -78,6 +85,8 @@ from wmrl.autoresearch.experiment import time_to_target
 from wmrl.benchmarks.speedup_figures import (
     amdahl,
     eval_se_stats,
+    executions_to_target,
+    executions_to_target_ratio,
     mean_step_time,
     recent_mean_reward,
     reward_at_equal_wall_clock,
@@ -118,6 +127,7 @@ MODE_FIGURES = (
     "final_heldout_reward", "heldout_reward_at_equal_wall_clock", "heldout_reward_time_average",
     "heldout_reward_last3_at_equal_wall_clock", "heldout_reward_se_at_equal_wall_clock",
     "time_to_target_s", "step_time_s", "steps", "wall_time_s", "real_executions", "wm_calls",
+    "executions_to_target",
     "warmstart_heldout_reward", "best_heldout_reward", "wm_stream_corr_mean",
     "wm_stream_collapsed_groups", "heldout_reward_se_mean", "heldout_reward_se_max",
     *(f"{when}_heldout_{fig}" for when in ("warmstart", "final")
@@ -126,7 +136,8 @@ MODE_FIGURES = (
 )  # fmt: skip
 SCALAR_FIGURES = (
     "time_to_target_ratio", "time_to_target_reward", "equal_wall_clock_s", "amdahl_bound",
-    "per_step_speedup", "amdahl_fraction_reached",
+    "per_step_speedup", "amdahl_fraction_reached", "executions_to_target_ratio",
+    "executions_to_target_ratio_with_pretraining",
 )  # fmt: skip
 PAIRED_FIGURES = (
     "heldout_reward_time_average", "heldout_reward_at_equal_wall_clock",
@@ -178,11 +189,27 @@ def analyse(runs: dict, config=None, budget_s: float | None = None, warmup: int 
     to_target = {
         m: None if target is None else time_to_target(c, target) for m, c in curves.items()
     }
+    pretraining = (runs["wmrl"]["summary"].get("wm_pretraining_executions") or {}).get("total")
+    ett = executions_to_target_ratio(curves, target, "wmrl", pretraining or 0)
     return {
         "time_to_target_ratio": ttt["ratio"],
         "time_to_target_note": ttt["note"],
         "time_to_target_reward": target,
         "time_to_target_s": to_target,
+        # Real executions to the same target: RL's own, and counting wmrl's WM pretraining
+        # executions (`wm_pretraining_executions`: None in a run saved before it was kept).
+        "executions_to_target_ratio": ett["ratio"],
+        "executions_to_target_ratio_with_pretraining": (
+            ett["ratio_with_pretraining"] if pretraining is not None else None
+        ),
+        "executions_to_target": {
+            m: None if target is None else executions_to_target(c, target)
+            for m, c in curves.items()
+        },
+        "wm_pretraining_executions": {
+            m: (r["summary"].get("wm_pretraining_executions") or {}).get("total")
+            for m, r in wm_runs.items()
+        },
         "final_heldout_reward": per_mode("final_heldout_reward"),
         "heldout_reward_at_equal_wall_clock": at_equal,
         # The noise of those single evaluations (SE counting the variance between tasks).

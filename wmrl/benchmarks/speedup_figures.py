@@ -42,6 +42,38 @@ def time_to_target_ratio(curves: dict[str, list[dict]], mode: str = "wmrl") -> d
     return out
 
 
+def executions_to_target(curve: list[dict], target: float) -> int | None:
+    """Real RL executions (`real_executions`) at the first evaluation whose held-out reward
+    reaches `target`; None if none does."""
+    for e in _graded(curve):
+        if e["heldout_reward"] >= target:
+            return e["real_executions"]
+    return None
+
+
+def executions_to_target_ratio(
+    curves: dict[str, list[dict]], target: float | None, mode: str = "wmrl",
+    pretraining: int = 0,
+) -> dict:  # fmt: skip
+    """Speedup in real executions to reach `target` (`time_to_target_ratio`'s, real's final
+    held-out reward): `E_real / E_mode`, and `E_real / (E_mode + pretraining)`, which counts
+    the executions spent before RL on the mode's WM (`pretraining`: the run's
+    `wm_pretraining_executions.total`, the executed corpus and policy samples; `real` has no
+    WM). Returns `{"e_real", "e_mode", "ratio", "ratio_with_pretraining"}`; a ratio is None
+    when either mode never reaches the target or `mode` reaches it with no execution (the
+    warm start already had it)."""
+    out = {"e_real": None, "e_mode": None, "ratio": None, "ratio_with_pretraining": None}
+    if target is None:
+        return out
+    e_real = executions_to_target(curves["real"], target)
+    e_mode = executions_to_target(curves[mode], target)
+    out.update(e_real=e_real, e_mode=e_mode)
+    if e_real is not None and e_mode:
+        out["ratio"] = e_real / e_mode
+        out["ratio_with_pretraining"] = e_real / (e_mode + pretraining)
+    return out
+
+
 def reward_at_wall_clock(curve: list[dict], t: float) -> float | None:
     """Held-out reward of the last evaluation at or before wall-clock `t` (evaluations without
     a reward skipped); None if there is none."""

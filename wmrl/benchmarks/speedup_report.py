@@ -47,12 +47,17 @@ def format_table(result: dict) -> str:
         )
     a = result["amdahl"]
     ses = result.get("heldout_reward_se_at_equal_wall_clock") or {}
+    pre_wmrl = (result.get("wm_pretraining_executions") or {}).get("wmrl")
     lines += [
         "",
         f"time_to_target_ratio (real / wmrl, to real's final held-out reward "
         f"{_fmt(result['time_to_target_reward'], '.4f')}): "
         f"{_fmt(result['time_to_target_ratio'], '.2f')}"
         + (f"  ({result['time_to_target_note']})" if result["time_to_target_note"] else ""),
+        f"executions_to_target_ratio (real / wmrl, same target): "
+        f"{_fmt(result.get('executions_to_target_ratio'), '.2f')}; counting wmrl's WM "
+        f"pretraining executions ({_fmt(pre_wmrl, 'd')}): "
+        f"{_fmt(result.get('executions_to_target_ratio_with_pretraining'), '.2f')}",
         f"held-out reward at equal wall-clock {result['equal_wall_clock_s']:.1f}s: "
         + ", ".join(
             f"{m} {_fmt(v, '.4f')}" + (f" +- {se:.4f}" if (se := ses.get(m)) is not None else "")
@@ -122,6 +127,7 @@ SEED_LINES = (
     ("time to real's final held-out reward (s)", "time_to_target_s", ".1f"),
     ("training wall-clock (s)", "wall_time_s", ".1f"),
     ("real executions", "real_executions", ".1f"),
+    ("real executions to real's final held-out reward", "executions_to_target", ".1f"),
     ("mean wm_stream_corr over the run", "wm_stream_corr_mean", ".3f"),
     ("wm_stream_collapsed_groups over the run", "wm_stream_collapsed_groups", ".1f"),
     ("final held-out reward of turn 1 (multi-turn)", "final_heldout_reward_turn1", ".4f"),
@@ -153,6 +159,8 @@ def format_seeds(result: dict) -> list[str]:
         f"  time_to_target_ratio (real / wmrl, per seed "
         f"{', '.join(_fmt(v, '.2f', 'none') for v in ratio['per_seed'])}): {_stat(ratio, '.2f')}"
     )
+    for fig in ("executions_to_target_ratio", "executions_to_target_ratio_with_pretraining"):
+        lines.append(f"  {fig} (real / wmrl): {_stat(over[fig], '.2f')}")
     lines.append(f"  per-step speedup: {_stat(over['per_step_speedup'], '.2f')}")
     lines.append("paired by seed (wmrl - mode; mean difference [95% t-interval], per seed):")
     for name, figs in result["paired"].items():
