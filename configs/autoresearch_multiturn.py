@@ -41,19 +41,18 @@ def get_config():
     c.policy.sft_steps = 240
     # The held-out tasks' corpus scripts only measure the pretrained WM (nothing trains on
     # them): 4 of the 12 per task, the first 4 of the same sequence (a shared single-turn
-    # corpus holds them). 128 executions instead of 384, ~2 min of the data stage on 2 cores.
+    # corpus holds them), a third of the data stage's held-out executions.
     c.data.heldout_scripts_per_task = 4
     c.rl.steps = 12
     # The policy step's K x N = 96 rows of 704 tokens in 4 micro-batches of 24 (the same
-    # gradient, accumulated): in one batch its activations take ~9 GB and the step 36 s on the
-    # idle 2-core machine, mostly the kernel's page faults; in 4, 11 s (docs/results.md).
+    # gradient, accumulated): in one batch its activations are several GB and the step is
+    # dominated by the kernel's page faults on a small machine (timings: docs/results.md).
     c.rl.num_micro_batches = 4
-    # Sized for the 25-minute budget of a 2-core CPU (measured end to end from a fresh workdir
-    # on the idle machine: 24.6 min, docs/results.md 2026-12-02): every held-out turn is
-    # executed, so one evaluation of the 32 held-out tasks x eval_samples episodes is
-    # 32 * eval_samples * K executions. 2 episodes per task, at the warm start and the final
-    # step: 2 x 192 = 384 executions, 40-60 s each evaluation on the idle machine (4 per task
-    # at steps 0/4/8/12 were 1536, about 7 minutes); the standard error of one evaluation
+    # Sized for the 25-minute budget of a 2-core CPU (the end-to-end time: docs/results.md):
+    # every held-out turn is executed, so one evaluation of the 32 held-out tasks x
+    # eval_samples episodes is 32 * eval_samples * K executions. 2 episodes per task, at the
+    # warm start and the final step: 2 x 192 = 384 executions per evaluation (4 per task at
+    # four evaluations would be 4x the executions); the standard error of one evaluation
     # grows by up to sqrt(2). The speedup benchmark sets its own evaluation times
     # (`rl.eval_at_s`).
     c.rl.eval_every = 12

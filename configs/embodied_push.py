@@ -47,9 +47,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # known to 128 (at 5: to 320, which flattered any mode with fewer episodes per step).
     c.rl.eval_every = 2
 
-    # Anchor groups per step: 1 of 8 (the paper's default fraction is 0.10). At 0.25 (2 of 8,
-    # 3 seeds): target at 149 real episodes on average, final 0.473; at 0.125: 117, final 0.462
-    # (docs/results.md 2026-12-02).
+    # Anchor groups per step: 1 of 8 (the paper's default fraction is 0.10); 2 of 8 cost more
+    # real episodes to the target for no clear gain in final success (docs/results.md).
     c.correction.rho = 0.125
     c.correction.min_pairs = 64
     c.correction.refit_every = 16

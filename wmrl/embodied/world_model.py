@@ -12,8 +12,8 @@ learned dynamics MLP plus a progress/success head.
     moves only when the pusher's swept path passes within `SWEPT_CONTACT` of it (or it
     touches a block that does). Trained with the scene's 8 symmetries of the square (the
     cubes start axis-aligned and the action grid is square), so every transition counts 8
-    times. Open-loop over a whole episode of the BC policy: named block 2.7-3.1 cm off, other
-    blocks 0.8-0.9 cm, pusher 1 mm (docs/results.md, 2026-12-02).
+    times. Its open-loop error over whole episodes of the BC policy, per body, is measured in
+    docs/results.md.
   - `mlp`: one MLP of the whole state and the action token (the earlier default; its blocks
     drift ~0.5 cm per chunk, worse than predicting that nothing moves).
 * Imagination (`imagine`): from an episode's start state, the policy acts on the imagined
@@ -114,8 +114,8 @@ BLOCK_CONTACT = 0.06
 
 
 def init_member(key, spec: WMSpec):
-    # 9 draws, 6 used: the measured stages (docs/results.md, 2026-12-01 rerun) were initialised
-    # from these (three went to an object-centric dynamics variant, measured and dropped).
+    # 9 draws, 6 used: saved stages were initialised from these (three went to an
+    # object-centric dynamics variant, since dropped), so the split stays.
     k = jax.random.split(key, 9)
     h, hh = spec.hidden, spec.head_hidden
     if spec.head_inputs not in HEAD_WIDTHS:
