@@ -224,13 +224,9 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_COLUMNS = 1000
 
 
-def _read_submission(task: Task, path: Path, n_rows: int) -> pd.DataFrame | Grade:
-    """The id and target columns of at most ``n_rows + 1`` rows, or the reason it is invalid.
-
-    Bounded work: the header is read (at most MAX_HEADER_BYTES) and checked first; pandas
-    then parses only the two needed columns and stops after one row more than the test set;
-    no cell over MAX_CELL_CHARS reaches the per-cell parsing.
-    """
+def submission_header(path: Path) -> list[str] | Grade:
+    """A submission's column names, read from at most MAX_HEADER_BYTES; or why it is invalid
+    (too long, not UTF-8, empty, not CSV, too many columns)."""
     with open(path, "rb") as f:
         head = f.readline(MAX_HEADER_BYTES + 1)
     if len(head) > MAX_HEADER_BYTES:
@@ -247,6 +243,19 @@ def _read_submission(task: Task, path: Path, n_rows: int) -> pd.DataFrame | Grad
         return _invalid(f"submission header is not readable CSV: {shorten(str(e), 200)}")
     if len(names) > MAX_COLUMNS:
         return _invalid(f"submission header has {len(names)} columns (at most {MAX_COLUMNS})")
+    return names
+
+
+def _read_submission(task: Task, path: Path, n_rows: int) -> pd.DataFrame | Grade:
+    """The id and target columns of at most ``n_rows + 1`` rows, or the reason it is invalid.
+
+    Bounded work: the header is read (at most MAX_HEADER_BYTES) and checked first; pandas
+    then parses only the two needed columns and stops after one row more than the test set;
+    no cell over MAX_CELL_CHARS reaches the per-cell parsing.
+    """
+    names = submission_header(path)
+    if isinstance(names, Grade):
+        return names
     for col in (task.id_column, task.target):
         count = names.count(col)
         if count == 0:

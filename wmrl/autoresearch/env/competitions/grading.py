@@ -21,7 +21,6 @@ one row beyond the answers, and no cell over ``MAX_CELL_CHARS`` reaches the per-
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pandas as pd
@@ -29,12 +28,11 @@ import pandas as pd
 from wmrl.autoresearch.env.competitions import leaderboard
 from wmrl.autoresearch.env.competitions.metrics import ValuesError, parse_columns, score
 from wmrl.autoresearch.env.grader import (
-    MAX_COLUMNS,
-    MAX_HEADER_BYTES,
     Grade,
     Status,
     reward,
     shorten,
+    submission_header,
 )
 from wmrl.autoresearch.env.ids import MAX_CELL_CHARS, canonical_id
 from wmrl.autoresearch.env.metrics import percentile
@@ -45,31 +43,10 @@ def _invalid(detail: str) -> Grade:
     return Grade(Status.INVALID_SUBMISSION, None, None, reward(Status.INVALID_SUBMISSION), detail)
 
 
-def _header(path: Path) -> list[str] | Grade:
-    """The submission's column names, read from at most MAX_HEADER_BYTES; or why not."""
-    with open(path, "rb") as f:
-        head = f.readline(MAX_HEADER_BYTES + 1)
-    if len(head) > MAX_HEADER_BYTES:
-        return _invalid(f"submission header is longer than {MAX_HEADER_BYTES} bytes")
-    try:
-        text = head.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        return _invalid("submission header is not UTF-8")
-    if not text.strip():
-        return _invalid("submission is empty or starts with an empty line")
-    try:
-        names = [c.strip() for c in next(csv.reader([text.rstrip("\r\n")]), [])]
-    except csv.Error as e:
-        return _invalid(f"submission header is not readable CSV: {shorten(str(e), 200)}")
-    if len(names) > MAX_COLUMNS:
-        return _invalid(f"submission header has {len(names)} columns (at most {MAX_COLUMNS})")
-    return names
-
-
 def read_submission(path: Path, wanted: list[str], n_rows: int) -> pd.DataFrame | Grade:
     """The submission's ``wanted`` columns (the id column and the predictions) as text, at
     most ``n_rows + 1`` rows; or why it is INVALID."""
-    names = _header(path)
+    names = submission_header(path)
     if isinstance(names, Grade):
         return names
     missing = [c for c in wanted if c not in names]
