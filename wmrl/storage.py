@@ -18,6 +18,7 @@ import io
 import os
 import pathlib
 import shutil
+import time
 
 from etils import epath
 
@@ -141,13 +142,49 @@ class _EventFiles:
         pass  # object stores have no folders to create
 
 
-def tensorboard_writer(logdir: epath.Path, purge_step: int | None = None):
-    """A tensorboardX SummaryWriter for `logdir`; a remote one writes through epath (this
-    registers our writer for its URL scheme in tensorboardX, for the whole process).
-    `purge_step`: TensorBoard hides what earlier event files of `logdir` logged at steps >=
+class TensorBoardWriter:
+    """TensorBoard scalars written as they come: when `add_scalar` returns, its event is in
+    the event file's buffer, so `flush` puts every scalar added so far on disk (or, on a
+    remote workdir, uploads it). tensorboardX's `SummaryWriter` hands events to a background
+    thread whose queue its `flush` does not wait for: a run killed after a flush could lose
+    the scalars of steps its checkpoint has seen.
+
+    One event file per writer (named by the second it opens, as TensorBoard's are);
+    `purge_step`: TensorBoard hides what earlier event files of the folder logged at steps >=
     it (a resumed run writes those steps again)."""
-    from tensorboardX import SummaryWriter, record_writer
+
+    def __init__(self, logdir: str | os.PathLike, purge_step: int | None = None):
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.record_writer import directory_check
+
+        self._event = Event
+        logdir = os.fspath(logdir)
+        directory_check(logdir)
+        self._file = EventsWriter(os.path.join(logdir, "events"))
+        if purge_step is not None:
+            self._file.write_event(Event(step=purge_step, file_version="brain.Event:2"))
+            start = SessionLog(status=SessionLog.START)
+            self._file.write_event(Event(step=purge_step, session_log=start))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.summary import scalar
+
+        event = self._event(wall_time=time.time(), step=int(step), summary=scalar(tag, value))
+        self._file.write_event(event)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def tensorboard_writer(logdir: epath.Path, purge_step: int | None = None) -> TensorBoardWriter:
+    """A `TensorBoardWriter` for `logdir`; a remote one writes through epath (this registers
+    our writer for its URL scheme in tensorboardX, for the whole process)."""
+    from tensorboardX import record_writer
 
     if not is_local(logdir):
         record_writer.register_writer_factory(os.fspath(logdir).split("://")[0], _EventFiles())
-    return SummaryWriter(os.fspath(logdir), purge_step=purge_step)
+    return TensorBoardWriter(logdir, purge_step=purge_step)
