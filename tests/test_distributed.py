@@ -258,6 +258,8 @@ def test_two_cpu_processes_on_localhost():
         assert r["scalars"] == [10, 11]
         assert r["fed_rows"] == [4 * pid, 4 * pid + 2]  # only this process's rows
         assert r["fed_total"] == r["total"]
+        assert r["placed_rows"] == r["fed_rows"]
+        assert r["placed_total"] == r["total"] + 24  # every one of the 24 values + 1
 
 
 def test_main_rejects_partial_multiprocess_flags(tmp_path):

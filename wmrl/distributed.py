@@ -301,9 +301,10 @@ def host_to_global(tree: Any, shardings: Any) -> Any:
 
     With several processes, jit refuses numpy arguments whose sharding is not replicated: each
     array is built with `jax.make_array_from_callback`, so every process transfers only the
-    rows its own devices hold (its shard of the global batch). jax.Arrays pass through (global
-    ones are already placed; an uncommitted local one is placed by jit like a host value).
-    Single process: unchanged, jit places numpy arguments itself.
+    rows its own devices hold (its shard of the global batch). A global jax.Array passes
+    through (already placed); a process-local one (e.g. the advantages, which every process
+    computes in full) is placed the same way from device slices, without a trip through the
+    host. Single process: unchanged, jit places host and uncommitted arrays itself.
     """
     import jax
 
@@ -311,9 +312,10 @@ def host_to_global(tree: Any, shardings: Any) -> Any:
         return tree
 
     def one(x: Any, sharding: Any) -> Any:
-        if isinstance(x, jax.Array):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
             return x
-        x = np.asarray(x)
+        if not isinstance(x, jax.Array):
+            x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
     return jax.tree.map(one, tree, shardings)

@@ -44,6 +44,10 @@ def main(coordinator: str, num_processes: int, process_id: int) -> None:
     data = NamedSharding(mesh, PartitionSpec("data"))
     fed = distributed.host_to_global(global_rows, data)
     fed_total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))(fed)
+    # A process-local device array (as the correction's advantages), placed the same way.
+    on_device = jax.jit(lambda a: a + 1.0)(global_rows)
+    placed = distributed.host_to_global(on_device, data)
+    placed_total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))(placed)
     out = {
         "initialize_called": called,
         "process_index": jax.process_index(),
@@ -60,6 +64,8 @@ def main(coordinator: str, num_processes: int, process_id: int) -> None:
         "scalars": distributed.allgather_host(np.int64(10 + me)).tolist(),
         "fed_rows": sorted(s.index[0].start for s in fed.addressable_shards),
         "fed_total": float(distributed.process_allgather_to_numpy(fed_total)),
+        "placed_rows": sorted(s.index[0].start for s in placed.addressable_shards),
+        "placed_total": float(distributed.process_allgather_to_numpy(placed_total)),
     }
     print("RESULT " + json.dumps(out), flush=True)
     jax.distributed.shutdown()

@@ -403,7 +403,7 @@ class MultiTurnTrainer(Trainer):
         """The policy step on every turn's row (the episode's advantage on each) and the WM's
         online step on every real turn of the anchor episodes."""
         rows = x.rows
-        adv = np.tile(np.asarray(c.result.advantages, np.float32), self.K)
+        adv = jnp.tile(c.result.advantages.astype(jnp.float32), self.K)  # on device
         policy, pmetrics = self._policy_update(st, x, adv)
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:

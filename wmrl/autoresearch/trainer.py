@@ -444,9 +444,10 @@ class Trainer:
             return groups
         return np.concatenate([groups, np.full(self.max_anchor_groups - len(groups), self.B)])
 
-    def _policy_update(self, st: RunState, x: Exchanged, advantages: np.ndarray):
+    def _policy_update(self, st: RunState, x: Exchanged, advantages: jax.Array):
         """The policy's step on the exchanged rows with these per-row advantages (compiled on
-        first use): (new policy state, its metrics on every process)."""
+        first use; the correction's output, fed to it on device): (new policy state, its
+        metrics on every process)."""
         rows = x.rows
         batch = {**rows, "ref_logp": x.ref_logp * rows["loss_mask"], "advantages": advantages}
         if self._policy_step is None:
@@ -458,7 +459,7 @@ class Trainer:
         """update: the policy step on the batch; the WM's online step on the replay of real
         outcomes (it learns only from those)."""
         rows, idx = x.rows, r.anchor_idx
-        policy, pmetrics = self._policy_update(st, x, np.asarray(c.result.advantages))
+        policy, pmetrics = self._policy_update(st, x, c.result.advantages)  # on device
         wm, replay = st.wm, st.replay
         if self.spec.uses_wm:
             anchor = {k: rows[k][idx] for k in ("tokens", "input_mask")}
