@@ -68,6 +68,7 @@ from wmrl.autoresearch import config as rlconfig
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch.plots import plot_run
 from wmrl.experiment import config as xconfig
+from wmrl.experiment.loop import run_loop
 from wmrl.jsonl import StepLog, read_jsonl
 
 # How long the other processes wait for process 0's data stage (it executes the corpus).
@@ -351,48 +352,65 @@ def make_trainer(config, s: Stages, pool, workdir):
     return Trainer(config, s.prepared, s.policy, s.wm, pool, workdir, feature_wm=s.feature_wm)
 
 
+class _Loop:
+    """The AutoResearch side of the run loop (`wmrl.experiment.loop`): the trainer's step
+    (its executions journalled and, on a remote workdir, uploaded as the step ends), its
+    evaluation, the Orbax checkpoint of the whole `RunState`, the run's step log."""
+
+    def __init__(self, config, trainer, log: _Log, ckpt):
+        self.config, self.trainer, self.records, self.ckpt = config, trainer, log, ckpt
+
+    def step(self, st):
+        st, metrics, pairs = self.trainer.run_step(st)
+        self.trainer.journal.flush()  # remote workdir: the step's executions, uploaded
+        return st, metrics, {"pairs.jsonl": pairs}  # with the lag: the last step's anchors
+
+    def position(self, st) -> tuple[int, float]:
+        return st.step, st.wall_time_s
+
+    def evaluate(self, st, trained_s: float, settle_s: float):
+        # Stamped when its policy existed: the wait for the anchors still executing (which
+        # an uninterrupted run overlaps with its next step) does not change the policy; it
+        # is counted in wall_time_s all the same, so every later step and evaluation
+        # carries it.
+        ev = {**self.trainer.evaluate(st), "wall_time_s": trained_s, "anchor_drain_s": settle_s}
+        st.evals.append(ev)
+        return st, ev
+
+    def save(self, st) -> None:
+        self.records.flush()  # before the checkpoint: records never lag behind it
+        self.ckpt.save(st, rlconfig.rl_seed(self.config))
+
+    def log(self, name: str, records: list[dict], step: int) -> None:
+        self.records.write(name, records, step)
+
+
 def _train(config, trainer, st, log: _Log, ckpt, progress: bool):
     """The RL loop from `st` to `rl.steps` (or the wall-clock budget): step, log, evaluate,
-    checkpoint. Returns the final state and the warm-up's compile seconds."""
+    checkpoint (`wmrl.experiment.loop.run_loop`; before untimed work the anchors still
+    executing in the background finish, timed). Returns the final state and the warm-up's
+    compile seconds."""
     steps, budget = config.rl.steps, config.rl.max_wall_time_s
     compile_s = 0.0
     if st.step < steps:
         if progress:
             print("compiling the RL step (not counted in wall_time_s)", flush=True)
         compile_s = trainer.warmup(st)
-    out_of_time = lambda: bool(budget) and st.wall_time_s >= budget
     bar = _progress_bar(config, st, steps, budget, progress)
-    while st.step < steps and not out_of_time():
-        st, metrics, pairs = trainer.run_step(st)
-        trainer.journal.flush()  # remote workdir: the step's executions, uploaded
-        log.write("metrics.jsonl", [{"kind": "step", **metrics}], st.step)
-        log.write("pairs.jsonl", pairs, st.step)  # with the lag: the previous step's anchors
-        last = st.step == steps or out_of_time()
-        do_eval = st.step % config.rl.eval_every == 0 or last or _eval_due_s(config, st)
-        do_save = st.step % config.rl.checkpoint_every == 0 or last
-        trained_s = st.wall_time_s  # the policy this step made exists from here on
-        if do_eval or do_save:  # untimed work: background anchors finish first, timed
-            st, drain_s = trainer.drain(st)
-            # The wait counts as training time and can use up the budget: the loop ends
-            # here then, and a run always ends with an evaluation of its final policy.
-            do_eval = do_eval or out_of_time()
-        if do_eval:
-            # Stamped when its policy existed: the wait for the anchors still executing
-            # (which an uninterrupted run overlaps with its next step) does not change the
-            # policy; it is counted in wall_time_s all the same, so every later step and
-            # evaluation carries it.
-            ev = {**trainer.evaluate(st), "wall_time_s": trained_s, "anchor_drain_s": drain_s}
-            st.evals.append(ev)
-            log.write("metrics.jsonl", [{"kind": "eval", **ev}], st.step)
-        if do_save:
-            log.flush()
-            ckpt.save(st, rlconfig.rl_seed(config))
+
+    def on_step(st, metrics: dict) -> None:
         bar.update((_bar_time(st, budget) if budget else st.step) - bar.n)
         bar.set_postfix(
             step=st.step,
             reward=f"{metrics['train_reward']:.3f}",
             heldout=f"{st.evals[-1]['heldout_reward']:.3f}",
         )
+
+    st = run_loop(
+        _Loop(config, trainer, log, ckpt), st, steps, config.rl.eval_every,
+        config.rl.checkpoint_every, budget_s=budget, eval_due=lambda st: _eval_due_s(config, st),
+        settle=trainer.drain, on_step=on_step,
+    )  # fmt: skip
     bar.close()
     return st, compile_s
 
