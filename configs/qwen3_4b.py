@@ -40,14 +40,14 @@ QWEN3_4B = dict(
 QWEN3_CHAT_TEMPLATE = (
     "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 )
-TASKS_PER_STEP, GROUP_SIZE = 16, 4
+GROUPS_PER_STEP, GROUP_SIZE = 16, 4
 
 
 def get_config() -> ml_collections.ConfigDict:
     """The tiny job's pipeline (configs/autoresearch_tiny.py) with a pretrained model's
     settings. `model` (the checkpoint's architecture with the run's numerics) is what the AOT
     check compiles and `pretrained.validate` compares with the checkpoint; the policy step's
-    shape is (rl.tasks_per_step * rl.group_size) x (data.max_prompt_len +
+    shape is (rl.groups_per_step * rl.group_size) x (data.max_prompt_len +
     data.max_new_tokens) in rl.num_micro_batches chunks. `pretrained.checkpoint` is left
     empty: the launch command sets it."""
     from wmrl.autoresearch.env.suite import suite_tasks
@@ -68,16 +68,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.max_prompt_len = 512
     c.data.max_new_tokens = 1536
     c.policy.sft_steps = 200  # teaches the script contract (DATA_DIR, SUBMISSION_PATH)
-    c.policy.sft_batch_size = TASKS_PER_STEP * GROUP_SIZE
+    c.policy.sft_batch_size = GROUPS_PER_STEP * GROUP_SIZE
     c.policy.sft_learning_rate = 1e-5
     c.wm.num_members = 4
     c.wm.pretrain_steps = 300
-    c.wm.batch_size = TASKS_PER_STEP * GROUP_SIZE
+    c.wm.batch_size = GROUPS_PER_STEP * GROUP_SIZE
     c.wm.learning_rate = 1e-5
     c.wm.online_learning_rate = 2e-6
     c.wm.replay_size = 4096
     c.rl.steps = 300
-    c.rl.tasks_per_step = TASKS_PER_STEP
+    c.rl.groups_per_step = GROUPS_PER_STEP
     c.rl.group_size = GROUP_SIZE
     c.rl.num_micro_batches = 2
     c.rl.learning_rate = 1e-6

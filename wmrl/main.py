@@ -52,6 +52,31 @@ def validate(config) -> None:
         validate_embodied_config(config)
 
 
+def refuse_renamed_overrides(argv: list[str]) -> None:
+    """A `--config.x.y=` override of a field under its old name (`wmrl.experiment.renamed`)
+    is a ConfigError naming both (ml_collections would stop on it with a bare
+    AttributeError)."""
+    from wmrl.experiment.config import renamed_field
+    from wmrl.experiment.renamed import FIELDS
+
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        name = arg.partition("=")[0].removeprefix("--config.")
+        if arg.startswith("--config.") and name in FIELDS:
+            raise renamed_field(name, FIELDS[name])
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, after `refuse_renamed_overrides` (exit status 2, one line)."""
+    try:
+        refuse_renamed_overrides(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    return app.parse_flags_with_usage(argv)
+
+
 def check_fresh_workdir(workdir: epath.Path) -> None:
     """Refuse to overwrite a finished run (checked by every process, so all of them stop)."""
     if (workdir / "summary.json").exists():
@@ -163,9 +188,9 @@ def main(argv: list[str]) -> None:
 
         summary = run_embodied(config, workdir, progress=True)
         keys = ("mode", "observations", "warmstart_heldout_success", "final_heldout_success",
-                "real_episodes", "wm_episodes", "real_episodes_to_target")  # fmt: skip
+                "real_executions", "wm_episodes", "real_executions_to_target")  # fmt: skip
         print(json.dumps({"workdir": str(workdir), **{k: summary[k] for k in keys}}, indent=2))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.main_in_process import check_in_process
 from tests.support.rl_fixtures import ROOT, load_config, tiny_config
-from wmrl.autoresearch.config import HISTORY, groups_per_step, validate_autoresearch_config
+from wmrl.autoresearch.config import HISTORY, validate_autoresearch_config
 from wmrl.autoresearch.experiment import check_resumable, data_dir
 from wmrl.config_errors import ConfigError
 from wmrl.experiment.config import set_fields
@@ -114,8 +114,7 @@ def test_evaluations_at_wall_clock_points():
 def test_batch_size_sets_the_number_of_groups():
     c = load_config()
     c.rl.batch_size, c.rl.group_size = 24, 4
-    validate_autoresearch_config(c)
-    assert groups_per_step(c) == 6
+    assert validate_autoresearch_config(c).groups == 6
 
 
 def test_zero_anchor_groups_with_debiasing_warns_and_uses_the_minimum():
@@ -219,7 +218,7 @@ def test_trainer_config_is_typed_frozen_and_takes_its_values_from_the_config():
     c = load_config()
     tc = validate_autoresearch_config(c)
     assert (tc.anchor_lag, tc.static_check) == (c.rl.anchor_lag, c.rl.static_check) == (1, "names")
-    assert tc.groups == c.rl.tasks_per_step and tc.routing.rho == c.correction.rho
+    assert tc.groups == c.rl.groups_per_step and tc.routing.rho == c.correction.rho
     with pytest.raises(dataclasses.FrozenInstanceError):
         tc.anchor_lag = 0
     c.mode = "real"  # synchronous GRPO: no lag, no static check, every group executed

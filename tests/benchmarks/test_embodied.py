@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from wmrl.benchmarks import embodied as bench
+from wmrl.experiment.renamed import KEYS
 from wmrl.experiment.stats import bootstrap_ci, bootstrap_diff_ci
 
 
@@ -36,27 +37,36 @@ def test_difference_interval_by_hand_and_against_the_normal_approximation():
 
 def test_to_target_and_budget_by_hand():
     curve = [
-        {"heldout_success": s, "real_episodes": e, "wall_time_s": w}
+        {"heldout_success": s, "real_executions": e, "wall_time_s": w}
         for s, e, w in ((0.3, 0, 0.0), (0.4, 100, 5.0), (0.5, 200, 9.0))
     ]
-    assert bench.to_target(curve, 0.45, "real_episodes") == (200, True)
+    assert bench.to_target(curve, 0.45, "real_executions") == (200, True)
     assert bench.to_target(curve, 0.45, "wall_time_s") == (9.0, True)
-    assert bench.to_target(curve, 0.9, "real_episodes") == (200, False)  # censored: the total
+    assert bench.to_target(curve, 0.9, "real_executions") == (200, False)  # censored: the total
     assert bench.success_at_budget(curve, 150) == 0.4
     # 135 of 300 successes is the target 0.45, also as a float32 mean stored in a run
-    at = [{"heldout_success": float(np.float32(135) / np.float32(300)), "real_episodes": 64}]
+    at = [{"heldout_success": float(np.float32(135) / np.float32(300)), "real_executions": 64}]
     assert at[0]["heldout_success"] < 0.45
-    assert bench.to_target(at, 0.45, "real_episodes") == (64, True)
-    below = [{"heldout_success": 134 / 300, "real_episodes": 64}]
-    assert bench.to_target(below, 0.45, "real_episodes") == (64, False)
+    assert bench.to_target(at, 0.45, "real_executions") == (64, True)
+    below = [{"heldout_success": 134 / 300, "real_executions": 64}]
+    assert bench.to_target(below, 0.45, "real_executions") == (64, False)
 
 
-def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6, cost_s=0.0):
+def _old_keys(record):
+    """`record` under the key names runs wrote before `wmrl.experiment.renamed.KEYS`."""
+    old = {new: old for old, new in KEYS.items()}
+    if isinstance(record, dict):
+        return {old.get(k, k): _old_keys(v) for k, v in record.items()}
+    return [_old_keys(v) for v in record] if isinstance(record, list) else record
+
+
+def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6, cost_s=0.0, legacy=False):
+    """A finished run's summary.json and metrics.jsonl (`legacy`: under the old key names)."""
     wd.mkdir(parents=True)
     curve = [
         {
             "step": i,
-            "real_episodes": e,
+            "real_executions": e,
             "wm_episodes": 0,
             "wall_time_s": float(i),
             "heldout_success": s,
@@ -70,10 +80,10 @@ def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6, cost_s=0.0):
         "heldout_curve": curve,
         "warmstart_heldout_success": success[0],
         "final_heldout_success": success[-1],
-        "real_episodes": episodes[-1],
+        "real_executions": episodes[-1],
         "wm_episodes": wm_episodes,
         "wall_time_s": float(len(curve) - 1),
-        "stage_real_episodes": {"expert_demos": 240, "wm_pretrain_rollouts": 50},
+        "stage_real_executions": {"expert_demos": 240, "wm_pretrain_rollouts": 50},
         "real_episode_cost_s": cost_s,
     }
     (wd / "summary.json").write_text(json.dumps(summary))
@@ -88,9 +98,13 @@ def fake_run(wd, success, episodes, wm_episodes=0, auc=0.6, cost_s=0.0):
             "bias_reduction": 0.1,
             "wm_stream_corr": 0.1 * i,
             "wm_groups_flat": 0.25,
+            "residual_before": 0.2,
         }
         for i in range(4)
     ]
+    if legacy:
+        summary, steps = _old_keys(summary), _old_keys(steps)
+        (wd / "summary.json").write_text(json.dumps(summary))
     (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
 
 
@@ -103,15 +117,15 @@ def test_benchmark_json_on_finished_runs(tmp_path):
     for m in bench.ABLATIONS:
         fake_run(tmp_path / f"{m}_s0", [0.3, 0.35, 0.4], [0, 150, 300], 900)
     res = bench.run_benchmark(tmp_path, seeds=2, ablation_seeds=1)
-    assert res["real_episodes_to_target"]["real"]["mean"] == 750
-    assert res["real_episodes_to_target"]["wmrl"]["mean"] == 225
-    assert res["real_episodes_to_target"]["real"]["per_seed"] == [600, 900]
-    assert res["ratio_real_over_wmrl"]["episodes_to_target"] == pytest.approx(750 / 225)
+    assert res["real_executions_to_target"]["real"]["mean"] == 750
+    assert res["real_executions_to_target"]["wmrl"]["mean"] == 225
+    assert res["real_executions_to_target"]["real"]["per_seed"] == [600, 900]
+    assert res["ratio_real_over_wmrl"]["executions_to_target"] == pytest.approx(750 / 225)
     assert res["ratio_real_over_wmrl"][
-        "episodes_to_target_counting_wm_pretrain_rollouts"
+        "executions_to_target_counting_wm_pretrain_rollouts"
     ] == pytest.approx(750 / 275)
     assert res["reached_target"]["wm_only"] == 0  # never reached: censored at its total
-    assert res["success_at_budget"]["budget_real_episodes"] == 300
+    assert res["success_at_budget"]["budget_real_executions"] == 300
     # within 300 real episodes: seed 0 of real had its 0.4 evaluation, seed 1 only its warm start
     assert res["success_at_budget"]["real"]["mean"] == pytest.approx((0.4 + 0.3) / 2)
     assert res["success_at_budget"]["wmrl"]["mean"] == pytest.approx(0.48)
@@ -132,9 +146,28 @@ def test_benchmark_json_on_finished_runs(tmp_path):
     # the same runs read at --target=0.4: real at 300 and 600, wmrl at 150 and 150
     res = bench.run_benchmark(tmp_path, seeds=2, ablation_seeds=1, target=0.4)
     assert res["target_success"] == 0.4
-    assert res["real_episodes_to_target"]["real"]["per_seed"] == [300, 600]
-    assert res["real_episodes_to_target"]["wmrl"]["per_seed"] == [150, 150]
-    assert res["ratio_real_over_wmrl"]["episodes_to_target"] == pytest.approx(450 / 150)
+    assert res["real_executions_to_target"]["real"]["per_seed"] == [300, 600]
+    assert res["real_executions_to_target"]["wmrl"]["per_seed"] == [150, 150]
+    assert res["ratio_real_over_wmrl"]["executions_to_target"] == pytest.approx(450 / 150)
+
+
+def test_runs_written_under_the_old_key_names_are_read_as_todays(tmp_path):
+    """Finished runs whose summary.json and metrics.jsonl have `real_episodes`,
+    `stage_real_episodes`, `bias_before`, ... (written before one name) give the same
+    benchmark JSON as the same runs under today's keys."""
+    results = []
+    for legacy in (False, True):
+        root = tmp_path / f"legacy_{legacy}"
+        fake_run(root / "real_s0", [0.3, 0.4, 0.46], [0, 300, 600], legacy=legacy)
+        fake_run(root / "wmrl_s0", [0.3, 0.45, 0.5], [0, 150, 300], 900, legacy=legacy)
+        res = bench.run_benchmark(root, seeds=1, ablation_seeds=0)
+        results.append({k: v for k, v in res.items() if k not in ("benchmark_s", "machine")})
+    old = json.loads((tmp_path / "legacy_True" / "wmrl_s0" / "summary.json").read_text())
+    assert "real_episodes" in old and "real_executions" not in old
+    assert "bias_before" in (tmp_path / "legacy_True" / "wmrl_s0" / "metrics.jsonl").read_text()
+    assert results[0] == results[1]
+    assert results[1]["real_executions_to_target"]["wmrl"]["per_seed"] == [150]
+    assert results[1]["stage_real_executions"]["wm_pretrain_rollouts"] == 50
 
 
 def test_goal_not_met_and_declared_latency(tmp_path):
@@ -168,11 +201,11 @@ def test_a_finished_run_with_another_config_is_refused_not_reused(tmp_path):
     # (the summaries saved 0.45)
     res = bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, target=0.5)
     assert res["target_success"] == 0.5 and res["reached_target"] == {"real": 0, "wmrl": 0}
-    assert res["real_episodes_to_target"]["real"]["per_seed"] == [300]  # censored at the total
-    assert res["ratio_real_over_wmrl"]["episodes_to_target"] is None and not res["goal"]["met"]
+    assert res["real_executions_to_target"]["real"]["per_seed"] == [300]  # censored at the total
+    assert res["ratio_real_over_wmrl"]["executions_to_target"] is None and not res["goal"]["met"]
     res = bench.run_benchmark(tmp_path, seeds=1, ablation_seeds=0, target=0.3)
     assert res["reached_target"] == {"real": 1, "wmrl": 1}
-    assert res["real_episodes_to_target"]["wmrl"]["per_seed"] == [0]  # the warm start's 0.3
+    assert res["real_executions_to_target"]["wmrl"]["per_seed"] == [0]  # the warm start's 0.3
 
 
 def test_set_overrides_parse_by_the_fields_type_and_bad_ones_name_the_flag(tmp_path):

@@ -187,7 +187,7 @@ def branched_run(tmp_path_factory):
 def test_a_branched_step_trains_the_branch_tokens_on_a_real_prefix(branched_run):
     c, summary, batches, env_steps = branched_run
     G, H, T = c.rl.group_size, c.policy.chunk, c.env.episode_len
-    assert summary["real_episodes"] == 2 * G and summary["wm_episodes"] == 2 * G
+    assert summary["real_executions"] == 2 * G and summary["wm_episodes"] == 2 * G
     assert env_steps["n"] > 0 and env_steps["in_branch"] == 0  # branches never step MuJoCo
     (b,) = batches
     anchors, branch = slice(0, 2 * G), slice(2 * G, 4 * G)

@@ -65,7 +65,7 @@ def test_every_mode_runs_and_counts_its_episodes(runs):
     for mode, (wd, s) in out.items():
         steps = STEPS.get(mode, 1)
         real_groups = B if mode == "real" else 2
-        assert s["real_episodes"] == steps * real_groups * G, mode
+        assert s["real_executions"] == steps * real_groups * G, mode
         assert s["wm_episodes"] == steps * (B - real_groups) * G, mode
         for k in ("warmstart_heldout_success", "final_heldout_success"):
             assert 0.0 <= s[k] <= 1.0
@@ -78,8 +78,8 @@ def test_every_mode_runs_and_counts_its_episodes(runs):
         ):
             assert (wd / f).exists(), (mode, f)
     # the stages ran once: the WM's pretraining rollouts are counted, `real` spends none
-    assert out["real"][1]["stage_real_episodes"]["wm_pretrain_rollouts"] == 0
-    assert out["wmrl"][1]["stage_real_episodes"]["wm_pretrain_rollouts"] == 16
+    assert out["real"][1]["stage_real_executions"]["wm_pretrain_rollouts"] == 0
+    assert out["wmrl"][1]["stage_real_executions"]["wm_pretrain_rollouts"] == 16
 
 
 def test_static_anchors_scores_every_imagined_episode_with_the_recent_anchor_mean(runs):
@@ -209,7 +209,7 @@ def test_the_embodied_run_takes_its_rewards_from_the_shared_correct(runs, monkey
     assert len(calls) == 1  # traced once (jitted), for the one step
     c = calls[0]
     assert c["debias_on"] and c["denoise_on"] and not c["constant_on"] and c["group_size"] == 4
-    assert s["real_episodes"] == 16 and s["wm_episodes"] == 0
+    assert s["real_executions"] == 16 and s["wm_episodes"] == 0
     assert s["final_heldout_success"] == s["warmstart_heldout_success"]
     first = steps_of(tmp_path / "patched")[0][0]
     # it was handed the 4 anchor groups' real successes (the run's own count of them)
@@ -288,7 +288,7 @@ def test_sample_fusion_decides_whether_the_members_are_fused(runs, monkeypatch, 
         assert s["wm_episodes"] > 0
         # anchors (replayed) and imagined episodes, [M, episodes] each, or nothing
         n = sum(shape[1] for shape in calls)
-        assert n == (s["real_episodes"] + s["wm_episodes"] if fused else 0), (mode, calls)
+        assert n == (s["real_executions"] + s["wm_episodes"] if fused else 0), (mode, calls)
 
 
 # ----------------------------------------------------------------------------- resume
@@ -302,7 +302,7 @@ def outcome(wd):
         "summary": {
             k: s[k]
             for k in (
-                "real_episodes",
+                "real_executions",
                 "wm_episodes",
                 "final_heldout_success",
                 "warmstart_heldout_success",
@@ -366,7 +366,7 @@ def test_command_line_writes_the_artefacts_and_refuses_bad_input(runs, tmp_path)
     assert {
         "warmstart_heldout_success",
         "final_heldout_success",
-        "real_episodes",
+        "real_executions",
         "wm_episodes",
     } <= set(s)
     again = subprocess.run(
@@ -432,4 +432,4 @@ def test_notebook_executes_on_the_finished_tiny_runs(runs, monkeypatch):
     text, images = execute_notebook(monkeypatch, root)
     assert "final_heldout_success" in text and "mean within-group AUC" in text
     assert len(images) == 2
-    assert f"'real_episodes': {out['wmrl'][1]['real_episodes']}" in text
+    assert f"'real_executions': {out['wmrl'][1]['real_executions']}" in text

@@ -162,7 +162,7 @@ def test_a_tiny_image_run_end_to_end(tmp_path):
     c.rl.steps = 1
     s = experiment.run(c, tmp_path / "run")
     assert s["observations"] == "image" and s["steps"] == 1
-    assert s["real_episodes"] == 8 and s["wm_episodes"] == 8  # 2 anchor groups of 4, 2 WM
+    assert s["real_executions"] == 8 and s["wm_episodes"] == 8  # 2 anchor groups of 4, 2 WM
     saved = json.loads((tmp_path / "run" / "init" / "bc" / "done.json").read_text())["config"]
     assert saved["obs"] == "image" and saved["image"] == {
         "pixels": 32,

@@ -31,7 +31,7 @@ from wmrl.core.routing import RoutingConfig
 from wmrl.embodied import config as econfig
 from wmrl.embodied import experiment as eexperiment
 from wmrl.experiment import config as xconfig
-from wmrl.experiment.sections import CorrectionConfig
+from wmrl.experiment.sections import CorrectionConfig, RLConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVED = ROOT / "tests" / "fixtures" / "saved_configs"
@@ -80,7 +80,7 @@ def refused(validate, config, changes: dict, field: str) -> str:
         ("policy.sft_learning_rate", 0.0, "> 0"),
         ("wm.policy_validation_every", -1, ">= 0"),
         ("wm.online_learning_rate", NAN, "finite"),
-        ("rl.tasks_per_step", 0, ">= 1"),
+        ("rl.groups_per_step", 0, ">= 1"),
         ("rl.seed", -2, "-1 = config.seed"),
         ("rl.anchor_lag", 2, "one of (0, 1)"),
         ("rl.eval_at_s", (5.0, NAN), "item 1"),
@@ -299,7 +299,7 @@ def test_command_line_overrides_set_the_typed_fields():
     config, parsed by ml_collections as `wmrl.main` parses them."""
     argv = [
         "prog", f"--config={ROOT / 'configs' / 'autoresearch_tiny.py'}", "--config.mode=real",
-        "--config.routing=uncertainty", "--config.rl.tasks_per_step=4",
+        "--config.routing=uncertainty", "--config.rl.groups_per_step=4",
         "--config.correction.rho=0.5", "--config.rl.eval_at_s=(10,20.5)",
         "--config.suite.tasks=('iris-species','heldout-gaussian-quantiles')",
     ]  # fmt: skip
@@ -307,7 +307,7 @@ def test_command_line_overrides_set_the_typed_fields():
     config_flags.DEFINE_config_file("config", None, "", flag_values=fv, sys_argv=argv)
     fv(argv)
     typed = arconfig.parse_config(fv.config)
-    assert (typed.mode, typed.routing, typed.rl.tasks_per_step) == ("real", "uncertainty", 4)
+    assert (typed.mode, typed.routing, typed.rl.groups_per_step) == ("real", "uncertainty", 4)
     assert typed.correction.rho == 0.5 and typed.rl.eval_at_s == (10.0, 20.5)
     assert typed.suite.tasks == ("iris-species", "heldout-gaussian-quantiles")
 
@@ -326,18 +326,58 @@ def test_a_field_that_may_be_none_can_be_set_on_the_command_line():
         assert bconfig.validate_bandit_config(c).bandit.anchor_fraction == 0.3
 
 
-# ----------------------------------------------------------------------------- names kept
+# ----------------------------------------------------------------------------- renamed fields
+
+RENAMED = r"rl\.tasks_per_step was renamed rl\.groups_per_step"
 
 
-def test_each_experiment_keeps_its_name_for_the_groups_of_a_step():
-    """B is `rl.tasks_per_step` in AutoResearch and `rl.groups_per_step` in embodied, as their
-    configs and command lines always had it; the other name is an unknown field."""
-    assert arconfig.parse_config(ar_config()).rl.groups() == 8
-    assert econfig.parse_config(embodied_config("tiny")).rl.groups() == 4
-    c = ar_config()
-    c.rl.groups_per_step = 4  # a ConfigDict takes a new key; the schema does not
-    with pytest.raises(ConfigError, match=r"^config\.rl\.groups_per_step: unknown field"):
-        arconfig.validate_autoresearch_config(c)
+def test_both_experiments_call_the_groups_of_a_step_rl_groups_per_step():
+    """B is `rl.groups_per_step` in every experiment (one field of the shared `RLConfig`)."""
+    assert arconfig.parse_config(ar_config()).rl.groups_per_step == 8
+    assert econfig.parse_config(embodied_config("tiny")).rl.groups_per_step == 4
+    assert "groups_per_step" in {f.name for f in dataclasses.fields(RLConfig)}
+
+
+@pytest.mark.parametrize("config", [ar_config, lambda: embodied_config("tiny")])
+def test_a_config_that_sets_a_field_under_its_old_name_is_refused_naming_both(config):
+    """A config file (a ConfigDict takes any new key) setting `rl.tasks_per_step`."""
+    c = config()
+    c.rl.tasks_per_step = 4
+    validate = econfig.validate_embodied_config
+    if c.experiment == "autoresearch":
+        validate = arconfig.validate_autoresearch_config
+    with pytest.raises(ConfigError, match=rf"^config\.rl\.tasks_per_step: {RENAMED}; set "
+                       r"config\.rl\.groups_per_step instead$"):  # fmt: skip
+        validate(c)
+
+
+def test_a_command_line_override_under_the_old_name_is_refused_naming_both():
+    """`--config.rl.tasks_per_step=4` (either spelling) is a ConfigError naming both fields
+    (ml_collections alone would stop on it with a bare AttributeError)."""
+    from tests.support.main_in_process import config_from_command_line
+    from wmrl import main as entry
+
+    path = ROOT / "configs" / "autoresearch_tiny.py"
+    with pytest.raises(ConfigError, match=RENAMED):
+        config_from_command_line(path, "--config.rl.tasks_per_step=4")
+    with pytest.raises(ConfigError, match=RENAMED):
+        entry.refuse_renamed_overrides(["wmrl.main", "--config.rl.tasks_per_step", "4"])
+    entry.refuse_renamed_overrides(["wmrl.main", "--", "--config.rl.tasks_per_step=4"])
+
+
+@pytest.mark.real  # a subprocess of the entry point
+def test_the_entry_point_refuses_an_override_under_the_old_name(tmp_path):
+    """`python -m wmrl.main ... --config.rl.tasks_per_step=4`: exit status 2, one line naming
+    both fields, nothing written."""
+    path = ROOT / "configs" / "autoresearch_tiny.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "wmrl.main", f"--config={path}", "--config.rl.tasks_per_step=4",
+         f"--workdir={tmp_path / 'run'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert re.search(rf"^error: config\.rl\.tasks_per_step: {RENAMED}", proc.stderr, re.M)
+    assert not (tmp_path / "run").exists()
 
 
 def test_greedy_evaluation_is_refused_not_ignored():
@@ -367,10 +407,12 @@ def test_an_autoresearch_run_saved_before_the_typed_config_resumes(tmp_path):
     wd = _workdir_with(tmp_path, "autoresearch_tiny.json")
     saved = json.loads((wd / "config.json").read_text())
     assert saved["rl"]["tasks_per_step"] == 8 and "corr_low" not in saved["correction"]
-    check_resumable(ar_config(), wd)
-    c = xconfig.set_fields(ar_config(), {"rl.tasks_per_step": 4})
-    with pytest.raises(ConfigError, match=r"fields: rl\.tasks_per_step\)"):
+    check_resumable(ar_config(), wd)  # its rl.tasks_per_step: 8 is rl.groups_per_step=8
+    c = xconfig.set_fields(ar_config(), {"rl.groups_per_step": 4})
+    with pytest.raises(ConfigError) as e:
         check_resumable(c, wd)
+    assert "(fields: rl.groups_per_step)" in str(e.value)
+    assert "(rl.groups_per_step, saved under its old name rl.tasks_per_step)" in str(e.value)
     c = xconfig.set_fields(ar_config(), {"correction.corr_high": 0.8})
     with pytest.raises(ConfigError) as e:
         check_resumable(c, wd)

@@ -34,6 +34,7 @@ from wmrl.core.denoise import DenoiseConfig
 from wmrl.core.fidelity import AdaptiveRhoConfig
 from wmrl.core.routing import RoutingConfig, num_anchor_groups
 from wmrl.experiment import config as xconfig
+from wmrl.experiment import renamed
 from wmrl.experiment.config import ConfigHistory, Section, section, setting, subsection
 from wmrl.experiment.sections import CorrectionConfig, RLConfig, RunConfig, rl_seed
 from wmrl.models.config import NAMED_SIZES
@@ -198,9 +199,8 @@ class WMConfig(Section):
 class AutoResearchRL(RLConfig):
     """`config.rl`: the shared GRPO fields and AutoResearch's own."""
 
-    tasks_per_step: int = setting(8, low=1)  # B groups (tasks) per step
     max_wall_time_s: float = setting(0.0, low=0)  # stop RL at this training wall-clock (0 = no)
-    batch_size: int = setting(0, low=0)  # trajectories per step; 0 = tasks_per_step * group_size
+    batch_size: int = setting(0, low=0)  # trajectories per step; 0 = groups_per_step * group_size
     num_micro_batches: int = setting(1, low=1)  # gradient-accumulation chunks of the update
     entropy_coef: float = setting(0.0, low=0)  # entropy bonus in the policy loss (0 = off)
     std_eps: float = setting(1e-4, above=0)  # added to a group's std when normalize_std
@@ -214,8 +214,9 @@ class AutoResearchRL(RLConfig):
     keep_checkpoints: int = setting(3, low=1)
 
     def groups(self) -> int:
-        """B: `batch_size // group_size` when a batch size is given, else `tasks_per_step`."""
-        return self.batch_size // self.group_size if self.batch_size else self.tasks_per_step
+        """B, the step's groups: `batch_size // group_size` when a batch size is given, else
+        `groups_per_step`."""
+        return self.batch_size // self.group_size if self.batch_size else self.groups_per_step
 
     def check(self) -> None:
         if self.batch_size % self.group_size:
@@ -346,9 +347,12 @@ def _resolved(flat: dict) -> dict:
 # written, with the value that reproduces what those runs did (`env`: a run or stage saved
 # before multi-turn episodes existed was single-turn; runs before `sample_fusion` fused the
 # WM members by inverse variance in every mode; before the adaptive rule's parameters were
-# fields, it ran with `AdaptiveRhoConfig`'s). `resumable`: fields a resumed run may change
+# fields, it ran with `AdaptiveRhoConfig`'s). `renamed`: fields saved configs may hold under
+# an old name (`wmrl.experiment.renamed`).
+# `resumable`: fields a resumed run may change
 # (they do not change what a completed step computed).
 HISTORY = ConfigHistory(
+    renamed=renamed.FIELDS,
     added={
         "wm.runtime_coef": 0.0, "wm.error_type_coef": 0.0, "wm.validation_coef": 0.0,
         "correction.adaptive_rho": False, "correction.rho_min": 0.125,
@@ -378,13 +382,7 @@ def parse_config(config) -> AutoResearchConfig:
     """`config` (a ConfigDict or dict, unchanged) as the typed AutoResearch config."""
     if isinstance(config, AutoResearchConfig):
         return config
-    return xconfig.parse(AutoResearchConfig, config)
-
-
-def groups_per_step(config) -> int:
-    """B: `rl.batch_size // rl.group_size` when a batch size is given, else
-    `rl.tasks_per_step`."""
-    return parse_config(config).rl.groups()
+    return xconfig.parse(AutoResearchConfig, config, renamed=HISTORY.renamed)
 
 
 def validate_autoresearch_config(config) -> TrainerConfig:

@@ -30,7 +30,7 @@ TINY_SETTING = {
     "wm.online_steps": 1,
     "wm.replay_size": 16,
     "rl.steps": 2,
-    "rl.tasks_per_step": 2,
+    "rl.groups_per_step": 2,
     "rl.group_size": 2,
     "rl.eval_every": 2,
     "rl.eval_samples": 2,

@@ -1,4 +1,4 @@
-"""Embodied benchmark: real episodes (and wall-clock) to a held-out success target, `wmrl` vs
+"""Embodied benchmark: real executions (and wall-clock) to a held-out success target, `wmrl` vs
 `real` with identical hyperparameters, several seeds, plus the ablations and WM diagnostics.
 
     python -m wmrl.benchmarks.embodied --workdir=runs/embodied_bench --seeds=5 \\
@@ -7,13 +7,16 @@
 The stages (expert demos, BC, WM pretraining) are built once in `<workdir>/init` and shared
 by every run; seeds differ in policy sampling, task order and routing (`config.rl.seed`), and
 every run is evaluated on the same held-out start states. A finished run (its summary.json) is
-reused, so an interrupted benchmark continues where it stopped; a run saved with another config
-(say `--steps=80` over 40-step runs) is refused, naming the fields, never reported as this one.
+reused (one written under older key names is read under today's,
+`wmrl.experiment.renamed.upgrade_keys`), so an interrupted benchmark continues where it
+stopped; a run saved with another config (say `--steps=80` over 40-step runs) is refused,
+naming the fields, never reported as this one.
 
-Cost is counted in real (simulator) episodes, what a robot would pay; the WM's pretraining
-rollouts of the BC policy are real episodes too and are reported next to the ratio (with and
-without them). Wall-clock is measured simulation time on this machine and is reported
-separately: real rollouts are cheap in simulation, so no wall-clock saving is claimed.
+Cost is counted in real executions (an embodied execution is one simulator episode), what a
+robot would pay; the WM's pretraining rollouts of the BC policy are real executions too and
+are reported next to the ratio (with and without them). Wall-clock is measured simulation
+time on this machine and is reported separately: real rollouts are cheap in simulation, so
+no wall-clock saving is claimed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from absl import app, flags
 from wmrl.benchmarks.common import machine
 from wmrl.embodied import experiment
 from wmrl.experiment.config import get_field, load_config_file, set_fields
+from wmrl.experiment.renamed import upgrade_keys
 from wmrl.experiment.stats import bootstrap_diff_ci, mean_bootstrap_ci95
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "configs" / "embodied_push.py"
@@ -46,8 +50,8 @@ def to_target(curve, target, key):
 
 
 def success_at_budget(curve, budget):
-    """Held-out success of the last evaluation made within `budget` real episodes."""
-    ok = [e for e in curve if e["real_episodes"] <= budget]
+    """Held-out success of the last evaluation made within `budget` real executions."""
+    ok = [e for e in curve if e["real_executions"] <= budget]
     return ok[-1]["heldout_success"]
 
 
@@ -124,7 +128,7 @@ def wm_diagnostics(workdir: Path, runs: list[str]) -> dict:
         "wm_groups_flat": [],
     }
     for name in runs:
-        recs = [json.loads(x) for x in (workdir / name / "metrics.jsonl").read_text().splitlines()]
+        recs = experiment.read_metrics(workdir / name)
         steps = [r for r in recs if r["kind"] == "step"]
         parts = np.array_split(np.arange(len(steps)), 4)
         for key in quarters:
@@ -175,12 +179,12 @@ def run_benchmark(
         # A finished run is reused only if it was made with this config (e.g. --steps=80 over
         # 40-step runs is refused, naming rl.steps). Not `init_dir`: the stages are always
         # <workdir>/init, so a copied or moved benchmark folder carries its own. Not
-        # `target_success`: training never reads it, and the episodes to the target are
+        # `target_success`: training never reads it, and the executions to the target are
         # recomputed below from each run's held-out curve, so one set of runs can be read at
         # another --target.
         experiment.check_resumable(config, wd, ignore=("init_dir", "target_success"))
         if (wd / "summary.json").exists():
-            summaries[name] = json.loads((wd / "summary.json").read_text())
+            summaries[name] = upgrade_keys(json.loads((wd / "summary.json").read_text()))
         else:
             wd.mkdir(parents=True, exist_ok=True)
             (wd / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
@@ -188,7 +192,7 @@ def run_benchmark(
         s = summaries[name]
         print(
             f"{name:18s} held-out {s['warmstart_heldout_success']:.3f} -> "
-            f"{s['final_heldout_success']:.3f}  real episodes {s['real_episodes']}",
+            f"{s['final_heldout_success']:.3f}  real executions {s['real_executions']}",
             flush=True,
         )
     tgt = float(config.target_success)  # this invocation's, not the one a reused run saved
@@ -197,8 +201,8 @@ def run_benchmark(
         m: [summaries[f"{m}_s{s}"] for s in range(seeds if m in MAIN_MODES else ablation_seeds)]
         for m in modes
     }
-    # a fixed budget of real episodes: what wmrl spends in a whole run
-    budget = min(s["real_episodes"] for s in by_mode["wmrl"])
+    # a fixed budget of real executions: what wmrl spends in a whole run
+    budget = min(s["real_executions"] for s in by_mode["wmrl"])
     result = {
         "machine": machine(),
         "observations": obs,
@@ -207,21 +211,21 @@ def run_benchmark(
         "seeds": seeds,
         "ablation_seeds": ablation_seeds,
         "steps": next(iter(summaries.values()))["steps"],
-        "real_episodes_to_target": {},
+        "real_executions_to_target": {},
         "wall_time_to_target_s": {},
         "reached_target": {},
-        "success_at_budget": {"budget_real_episodes": budget},
+        "success_at_budget": {"budget_real_executions": budget},
         "final_heldout_success": {},
         "warmstart_heldout_success": float(by_mode["real"][0]["warmstart_heldout_success"]),
-        "real_episodes": {},
+        "real_executions": {},
         "wm_episodes": {},
-        "stage_real_episodes": by_mode["wmrl"][0]["stage_real_episodes"],
+        "stage_real_executions": by_mode["wmrl"][0]["stage_real_executions"],
         "wall_time_s": {},
     }
     for m, runs in by_mode.items():
-        hits = [to_target(s["heldout_curve"], tgt, "real_episodes") for s in runs]
+        hits = [to_target(s["heldout_curve"], tgt, "real_executions") for s in runs]
         walls = [to_target(s["heldout_curve"], tgt, "wall_time_s") for s in runs]
-        result["real_episodes_to_target"][m] = mean_bootstrap_ci95([h for h, _ in hits])
+        result["real_executions_to_target"][m] = mean_bootstrap_ci95([h for h, _ in hits])
         result["wall_time_to_target_s"][m] = mean_bootstrap_ci95([w for w, _ in walls])
         result["reached_target"][m] = sum(ok for _, ok in hits)
         result["success_at_budget"][m] = mean_bootstrap_ci95(
@@ -230,21 +234,21 @@ def run_benchmark(
         result["final_heldout_success"][m] = mean_bootstrap_ci95(
             [s["final_heldout_success"] for s in runs]
         )
-        result["real_episodes"][m] = mean_bootstrap_ci95([s["real_episodes"] for s in runs])
+        result["real_executions"][m] = mean_bootstrap_ci95([s["real_executions"] for s in runs])
         result["wm_episodes"][m] = mean_bootstrap_ci95([s["wm_episodes"] for s in runs])
         result["wall_time_s"][m] = mean_bootstrap_ci95([s["wall_time_s"] for s in runs])
-    r, w = (result["real_episodes_to_target"][m]["mean"] for m in ("real", "wmrl"))
-    pre = result["stage_real_episodes"]["wm_pretrain_rollouts"]
+    r, w = (result["real_executions_to_target"][m]["mean"] for m in ("real", "wmrl"))
+    pre = result["stage_real_executions"]["wm_pretrain_rollouts"]
     both = all(result["reached_target"][m] == len(by_mode[m]) for m in MAIN_MODES)
     result["ratio_real_over_wmrl"] = {
-        "episodes_to_target": r / w if both and w else None,
-        "episodes_to_target_counting_wm_pretrain_rollouts": r / (w + pre) if both else None,
+        "executions_to_target": r / w if both and w else None,
+        "executions_to_target_counting_wm_pretrain_rollouts": r / (w + pre) if both else None,
         "note": "None unless every seed of both modes reached the target",
     }
-    ratio = result["ratio_real_over_wmrl"]["episodes_to_target"]
+    ratio = result["ratio_real_over_wmrl"]["executions_to_target"]
     final = {m: result["final_heldout_success"][m]["mean"] for m in MAIN_MODES}
     result["goal"] = {
-        "want": ">= 3x fewer real episodes to the target than real, final held-out success "
+        "want": ">= 3x fewer real executions to the target than real, final held-out success "
         "equal or better (means over seeds)",
         "ratio": ratio,
         "final_wmrl_minus_real": final["wmrl"] - final["real"],
@@ -258,16 +262,16 @@ def run_benchmark(
     cost = float(next(iter(summaries.values())).get("real_episode_cost_s", 0.0))
     result["real_episode_cost_s"] = cost
     result["cost_note"] = (
-        "cost = real (simulator) episodes; wall_time_* is measured simulation time on this "
-        "machine, not a robot's"
+        "cost = real executions (simulator episodes); wall_time_* is measured simulation time "
+        "on this machine, not a robot's"
     )
-    if cost > 0:  # a declared latency per real episode (env.real_episode_cost_s): a model
+    if cost > 0:  # a declared latency per real execution (env.real_episode_cost_s): a model
         result["modelled_robot_time_to_target_s"] = {
             m: mean_bootstrap_ci95([None if e is None else e * cost for e in v["per_seed"]])
-            for m, v in result["real_episodes_to_target"].items()
+            for m, v in result["real_executions_to_target"].items()
         }
         result["cost_note"] += (
-            f"; modelled_robot_time_to_target_s = real episodes x the declared {cost} s "
+            f"; modelled_robot_time_to_target_s = real executions x the declared {cost} s "
             "(env.real_episode_cost_s), a model, not a measurement"
         )
     result["wm_diagnostics"] = wm_diagnostics(workdir, [f"wmrl_s{s}" for s in range(seeds)])
@@ -278,15 +282,15 @@ def run_benchmark(
 def print_table(res: dict) -> None:
     print(
         f"\ntarget held-out success {res['target_success']} (warm start "
-        f"{res['warmstart_heldout_success']:.3f}); cost = real simulator episodes; "
+        f"{res['warmstart_heldout_success']:.3f}); cost = real executions (simulator episodes); "
         f"observations: {res['observations']}"
     )
     print(
-        f"{'mode':14s} {'episodes to target':>26s} {'reached':>8s} {'final held-out':>22s}"
+        f"{'mode':14s} {'executions to target':>26s} {'reached':>8s} {'final held-out':>22s}"
         f" {'at budget':>10s} {'wall s':>8s}"
     )
     for m in res["final_heldout_success"]:
-        e, f = res["real_episodes_to_target"][m], res["final_heldout_success"][m]
+        e, f = res["real_executions_to_target"][m], res["final_heldout_success"][m]
         ci = e["ci95"] or [float("nan")] * 2
         fci = f["ci95"] or [float("nan")] * 2
         print(

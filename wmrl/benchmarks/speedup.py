@@ -114,7 +114,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Config fields copied into the JSON (`config`).
 CONFIG_KEYS = (
     "seed", "routing", "target_reward", "suite.tasks", "suite.workers", "suite.time_limit_s",
-    "rl.steps", "rl.max_wall_time_s", "rl.tasks_per_step", "rl.group_size", "rl.batch_size",
+    "rl.steps", "rl.max_wall_time_s", "rl.groups_per_step", "rl.group_size", "rl.batch_size",
     "rl.eval_every", "rl.eval_every_s", "rl.eval_at_s", "rl.eval_samples", "rl.anchor_lag",
     "correction.rho", "correction.min_groups", "correction.uncertainty_share", "policy.d_model",
     "policy.num_layers", "wm.d_model", "wm.num_layers", "wm.num_members", "data.max_prompt_len",

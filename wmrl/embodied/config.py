@@ -23,6 +23,7 @@ from wmrl.embodied.policy import PolicySpec
 from wmrl.embodied.render import ImageSpec
 from wmrl.embodied.world_model import DYNAMICS, HEAD_WIDTHS
 from wmrl.experiment import config as xconfig
+from wmrl.experiment import renamed
 from wmrl.experiment.config import ConfigHistory, Section, section, setting, subsection
 from wmrl.experiment.sections import RENAMED_MODES, CorrectionConfig, RLConfig, RunConfig
 
@@ -169,7 +170,6 @@ class EmbodiedWMConfig(Section):
 class EmbodiedRL(RLConfig):
     """`config.rl`: the shared GRPO fields and the embodied experiment's own."""
 
-    groups_per_step: int = setting(8, low=1)  # B start states (instruction + layout) per step
     ppo_epochs: int = setting(2, low=1)
     # Imagined episodes: train only the tokens emitted before the WM members first disagree by
     # this much (m, largest block std across members) on the state the policy read; 0 = all.
@@ -178,9 +178,6 @@ class EmbodiedRL(RLConfig):
     # Evaluate by the policy's most likely actions. Not implemented: evaluation samples at
     # rl.temperature, and True is refused (`EmbodiedConfig`) rather than ignored.
     eval_greedy: bool = False
-
-    def groups(self) -> int:
-        return self.groups_per_step
 
 
 @section
@@ -192,8 +189,8 @@ class EmbodiedConfig(RunConfig):
     # two top-down RGB images drawn from the state (first frame, current frame; `image`)
     # plus the pusher's own xy. The world model imagines states either way.
     obs: str = setting("state", choices=OBSERVATIONS)
-    # Held-out success that defines real_episodes_to_target (warm start 0.363; `real` reached
-    # it in 384, 256 and 640 real episodes on three seeds, docs/results.md).
+    # Held-out success that defines real_executions_to_target (warm start 0.363; `real` reached
+    # it in 384, 256 and 640 real executions on three seeds, docs/results.md).
     target_success: float = 0.45
     image: ImageConfig = subsection(ImageConfig)  # read only with obs = "image"
     env: SceneConfig = subsection(SceneConfig)
@@ -278,8 +275,11 @@ def _resolved(flat: dict) -> dict:
 # Saved embodied runs and stage fingerprints. `added`: fields added after runs or stages
 # were saved, with the value they were made with (the shared sections' fields this
 # experiment refuses, at their off values; the debiasing map's bins as the core's defaults
-# it used before they were fields).
+# it used before they were fields). `renamed`: the fields named otherwise in saved configs
+# (`wmrl.experiment.renamed`; none of them was ever embodied's, but one list refuses the old
+# names in every experiment).
 HISTORY = ConfigHistory(
+    renamed=renamed.FIELDS,
     added={
         "wm.contact_gate": 0.0, "rl.wm_trust_spread": 0.0, "wm.branch_chunks": 0,
         "wm.dynamics": "mlp", "correction.sample_fusion": "auto", "obs": "state",
@@ -303,7 +303,7 @@ def parse_config(config) -> EmbodiedConfig:
     """`config` (a ConfigDict or dict, unchanged) as the typed embodied config."""
     if isinstance(config, EmbodiedConfig):
         return config
-    return xconfig.parse(EmbodiedConfig, config)
+    return xconfig.parse(EmbodiedConfig, config, renamed=HISTORY.renamed)
 
 
 def validate_embodied_config(config) -> EmbodiedConfig:

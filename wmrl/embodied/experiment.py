@@ -8,17 +8,20 @@ Files in the workdir (a local folder):
     config.json     the resolved config (a resume under another config is refused)
     metrics.jsonl   one object per RL step (`"kind": "step"`) and per evaluation ("eval"),
                     each with the step that wrote it (`written_at_step`: a resume cuts what
-                    the steps after its checkpoint wrote, `wmrl.jsonl.StepLog`)
+                    the steps after its checkpoint wrote, `wmrl.jsonl.StepLog`); a run's
+                    records written under older key names are read under today's
+                    (`read_metrics`)
     summary.json    final results (its presence marks the run finished)
     checkpoints/    step_<n>.npz (the RL state pytree) + replay_<n>.npz + meta_<n>.json
     plots/          heldout_success.png, wm_diagnostics.png
     init/           the stages (unless config.init_dir points elsewhere)
 
-Cost: `real_episodes` counts the RL run's simulator episodes (anchors, or every episode in
-mode `real`); evaluation episodes and the stages' episodes (expert demos, the WM's
-pretraining rollouts of the BC policy) are reported separately. `wall_time_s` counts RL steps
-only. With `env.real_episode_cost_s` > 0, `modelled_robot_time_s` adds that declared latency
-per real episode: a model of a robot, not a measurement.
+Cost: `real_executions` counts the RL run's simulator episodes (an embodied execution is one
+episode in the simulator: the anchors', or every episode in mode `real`); evaluation
+episodes and the stages' episodes (expert demos, the WM's pretraining rollouts of the BC
+policy) are reported separately. `wall_time_s` counts RL steps only. With
+`env.real_episode_cost_s` > 0, `modelled_robot_time_s` adds that declared latency per real
+execution: a model of a robot, not a measurement.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from wmrl.embodied import rl, rollout, stages
 from wmrl.embodied import world_model as wmodel
 from wmrl.embodied.config import HISTORY, validate_embodied_config
 from wmrl.experiment import config as xconfig
+from wmrl.experiment.renamed import upgrade_keys
 from wmrl.experiment.sections import rl_seed
 from wmrl.jsonl import StepLog, read_jsonl
 
@@ -49,7 +53,7 @@ def check_resumable(config, workdir, ignore: tuple[str, ...] = ()) -> None:
 
 def evaluate(trainer: rl.Trainer, params, starts, seed: int) -> dict:
     """Held-out success by real rollouts (fixed starts and key: every evaluation alike)."""
-    eps = trainer.real_episodes(params, starts, jax.random.PRNGKey(seed + 99))
+    eps = trainer.execute(params, starts, jax.random.PRNGKey(seed + 99))
     # in float64: 135 of 300 is 0.45, which a float32 mean (0.44999998...) falls short of
     p = float(np.mean(eps.success, dtype=np.float64))
     return {
@@ -57,6 +61,12 @@ def evaluate(trainer: rl.Trainer, params, starts, seed: int) -> dict:
         "heldout_success_se": float(np.sqrt(p * (1 - p) / len(eps))),
         "eval_episodes": len(eps),
     }
+
+
+def read_metrics(workdir) -> list[dict]:
+    """A run's metrics.jsonl records, those written under older key names read under today's
+    (`wmrl.experiment.renamed.upgrade_keys`)."""
+    return [upgrade_keys(r) for r in read_jsonl(Path(workdir) / "metrics.jsonl")]
 
 
 def latest_checkpoint(ck_dir: Path) -> int | None:
@@ -116,7 +126,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
     step_log = StepLog(workdir, ("metrics.jsonl",))
     last = latest_checkpoint(ck_dir)
     step_log.restart_at(last)
-    records = read_jsonl(workdir / "metrics.jsonl")
+    records = read_metrics(workdir)
 
     def log(rec, step: int):
         records.extend(step_log.write("metrics.jsonl", [rec], step))
@@ -132,7 +142,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         replay = wm_data if wm_data is not None else {}
         wall = 0.0
         ev = evaluate(trainer, state["policy"], eval_starts, config.seed)
-        base = {"kind": "eval", "step": 0, "real_episodes": 0, "wm_episodes": 0}
+        base = {"kind": "eval", "step": 0, "real_executions": 0, "wm_episodes": 0}
         log({**base, "wall_time_s": 0.0, **ev}, 0)
 
     steps = config.rl.steps
@@ -145,7 +155,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         log({"kind": "step", **m, "wall_time_s": wall}, t)
         if progress:
             print(
-                f"[{config.mode}] step {t}/{steps} real={m['real_episodes']} "
+                f"[{config.mode}] step {t}/{steps} real={m['real_executions']} "
                 f"reward={m['train_reward']:.3f} anchors={m['real_success']:.3f}",
                 flush=True,
             )
@@ -155,7 +165,7 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
                 {
                     "kind": "eval",
                     "step": t,
-                    "real_episodes": int(state["real_episodes"]),
+                    "real_executions": int(state["real_executions"]),
                     "wm_episodes": int(state["wm_episodes"]),
                     "wall_time_s": wall,
                     **ev,
@@ -194,7 +204,9 @@ def reached(success: float, target: float) -> bool:
     return success >= target - TARGET_TOLERANCE
 
 
-def episodes_to_target(evals: list[dict], target: float, key: str = "real_episodes"):
+def cost_to_target(evals: list[dict], target: float, key: str = "real_executions"):
+    """`key` (real executions, wall-clock) at the first evaluation that reached `target`;
+    None if none did."""
     for e in evals:
         if reached(e["heldout_success"], target):
             return e[key]
@@ -204,7 +216,7 @@ def episodes_to_target(evals: list[dict], target: float, key: str = "real_episod
 def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
     evals = [r for r in records if r["kind"] == "eval"]
     steps = [r for r in records if r["kind"] == "step"]
-    last = steps[-1] if steps else {"real_episodes": 0, "wm_episodes": 0, "wall_time_s": 0.0}
+    last = steps[-1] if steps else {"real_executions": 0, "wm_episodes": 0, "wall_time_s": 0.0}
     cost = float(config.env.real_episode_cost_s)
     aucs = [
         r["anchor_auc"]
@@ -224,23 +236,23 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
         "final_heldout_success_se": evals[-1]["heldout_success_se"],
         "best_heldout_success": max(e["heldout_success"] for e in evals),
         "target_success": config.target_success,
-        "real_episodes": int(last["real_episodes"]),
+        "real_executions": int(last["real_executions"]),
         "wm_episodes": int(last["wm_episodes"]),
-        "real_episodes_to_target": episodes_to_target(evals, config.target_success),
+        "real_executions_to_target": cost_to_target(evals, config.target_success),
         "wall_time_s": float(last["wall_time_s"]),
-        "wall_time_to_target_s": episodes_to_target(evals, config.target_success, "wall_time_s"),
-        "stage_real_episodes": {
-            "expert_demos": demo_rep["real_episodes"],
-            "wm_pretrain_rollouts": wm_rep["real_episodes"] if wm_rep else 0,
+        "wall_time_to_target_s": cost_to_target(evals, config.target_success, "wall_time_s"),
+        "stage_real_executions": {
+            "expert_demos": demo_rep["real_executions"],
+            "wm_pretrain_rollouts": wm_rep["real_executions"] if wm_rep else 0,
         },
-        "eval_real_episodes": sum(e["eval_episodes"] for e in evals),
+        "eval_real_executions": sum(e["eval_episodes"] for e in evals),
         "real_episode_cost_s": cost,
         "heldout_curve": [
             {
                 k: e[k]
                 for k in (
                     "step",
-                    "real_episodes",
+                    "real_executions",
                     "wm_episodes",
                     "wall_time_s",
                     "heldout_success",
@@ -260,9 +272,9 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
         "time, not a robot's",
     }
     if cost > 0:
-        summary["modelled_robot_time_s"] = cost * summary["real_episodes"]
+        summary["modelled_robot_time_s"] = cost * summary["real_executions"]
         summary["cost_note"] += (
-            f"; modelled_robot_time_s = real_episodes x the declared {cost} s per episode "
+            f"; modelled_robot_time_s = real_executions x the declared {cost} s per episode "
             "(env.real_episode_cost_s), a model, not a measurement"
         )
     return summary

@@ -1,4 +1,4 @@
-"""Plots of one embodied run: held-out success vs real episodes, and the WM diagnostics."""
+"""Plots of one embodied run: held-out success vs real executions, and the WM diagnostics."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ def plot_run(plot_dir: Path, records: list[dict], target: float) -> None:
     steps = [r for r in records if r["kind"] == "step"]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.errorbar(
-        [e["real_episodes"] for e in evals],
+        [e["real_executions"] for e in evals],
         [e["heldout_success"] for e in evals],
         yerr=[e["heldout_success_se"] for e in evals],
         marker="o",
     )
     ax.axhline(target, ls="--", c="grey", label="target")
-    ax.set_xlabel("real (simulator) episodes in RL")
+    ax.set_xlabel("real executions (simulator episodes) in RL")
     ax.set_ylabel("held-out success")
     ax.legend()
     fig.tight_layout()

@@ -4,12 +4,13 @@ One RL step (docs/method.md 3, embodied):
   1. B start states (instruction + layout) from the training tasks, G rollouts each (a group).
   2. Route: `wmrl.core.routing.route_anchors` picks whole anchor groups (seeded by seed and
      step). Mode `real` executes every group.
-  3. Anchor groups run in MuJoCo (real episodes, sparse success); every other group is
-     imagined by the world model with the policy in the loop (`world_model.imagine`) and never
-     steps the simulator. Anchors are also replayed through the WM: (WM score, real success)
-     pairs of the same trajectories. With `wm.branch_chunks` = k > 0 a WM group is instead G
-     imagined k-chunk branches from one real state of this step's anchor episodes
-     (`Trainer.branched_groups`), scored by the success-to-go head.
+  3. Anchor groups run in MuJoCo (real executions, one simulator episode each, sparse
+     success); every other group is imagined by the world model with the policy in the loop
+     (`world_model.imagine`) and never steps the simulator. Anchors are also replayed
+     through the WM: (WM score, real success) pairs of the same trajectories. With
+     `wm.branch_chunks` = k > 0 a WM group is instead G imagined k-chunk branches from one
+     real state of this step's anchor episodes (`Trainer.branched_groups`), scored by the
+     success-to-go head.
   4. Raw WM score per episode: members fused by inverse variance
      (`wmrl.core.denoise.fuse_ensemble`) or averaged, as `correction.sample_fusion` says
      (`auto`: fused in the denoising modes, denoise_only / wmrl, averaged in the others).
@@ -177,7 +178,7 @@ def init_rl_state(st: RLStatics, policy_params, wm_params, policy_tx, wm_tx):
         "wm": wm_params,
         "wm_opt": wm_tx.init(wm_params),
         "corr": init_correction_state(st.debias, prior_reward=0.0),
-        "real_episodes": np.zeros((), np.int64),
+        "real_executions": np.zeros((), np.int64),  # simulator episodes, one per execution
         "wm_episodes": np.zeros((), np.int64),
     }
 
@@ -308,7 +309,9 @@ class Trainer:
             )
         )
 
-    def real_episodes(self, params, starts, key) -> rollout.Episodes:
+    def execute(self, params, starts, key) -> rollout.Episodes:
+        """The policy's episodes from `starts` in the simulator (real executions)."""
+
         def act(words, obs, c):
             a, lp = self.sample_actions(
                 self.graphdef,
@@ -363,7 +366,7 @@ class Trainer:
         pick = lambda groups: [s.starts[g * G + i] for g in groups for i in range(G)]
         params = state["policy"]
         with clock("real_s"):
-            real = self.real_episodes(params, pick(groups_real), k_real)
+            real = self.execute(params, pick(groups_real), k_real)
         A, nw = len(groups_real), len(groups_wm)
         parts = BatchParts(
             obs=[real.obs[:, : cfg.episode_len : cfg.chunk]], actions=[real.actions],
@@ -464,7 +467,7 @@ class Trainer:
                 anchor_auc_groups=n_auc,
                 anchor_wm_score=float(ra.mean()),
                 anchor_wm_calibrated=float(rc.mean()),
-                bias_before=float(stats.residual_before),
+                residual_before=float(stats.residual_before),
                 bias_reduction=float(stats.bias_reduction),
                 calibrated=bool(stats.calibrated),
                 wm_stream_corr=float(stats.wm_stream_corr),
@@ -475,7 +478,7 @@ class Trainer:
                 metrics["wm_groups_flat"] = flat_fraction(cal[A * G :], G)
         new = {**state, "policy": u.policy, "policy_opt": u.policy_opt,
                "step": np.asarray(s.step + 1, np.int32)}  # fmt: skip
-        new["real_episodes"] = np.asarray(int(state["real_episodes"]) + A * G, np.int64)
+        new["real_executions"] = np.asarray(int(state["real_executions"]) + A * G, np.int64)
         new["wm_episodes"] = np.asarray(int(state["wm_episodes"]) + nw * G, np.int64)
         metrics.update({k: float(v) for k, v in u.policy_metrics.items()})
         metrics.update(
@@ -487,7 +490,7 @@ class Trainer:
         if self.st.uses_wm:
             new.update(corr=res.correction, wm=u.wm, wm_opt=u.wm_opt)
             metrics.update(u.wm_metrics)
-        metrics["real_episodes"] = int(new["real_episodes"])
+        metrics["real_executions"] = int(new["real_executions"])
         metrics["wm_episodes"] = int(new["wm_episodes"])
         metrics.update(clock.seconds)
         return (new, u.replay), metrics, []

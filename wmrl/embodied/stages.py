@@ -29,6 +29,7 @@ from wmrl.embodied import wm_training as wmtrain
 from wmrl.embodied import world_model as wmodel
 from wmrl.embodied.config import HISTORY
 from wmrl.experiment.config import check_stage, get_field, plain
+from wmrl.experiment.renamed import upgrade_keys
 
 STAGE_FIELDS = {
     "demos": ("seed", "env", "tasks", "demos"),
@@ -151,7 +152,7 @@ def stage_done(stage_dir: Path, config) -> dict | None:
     path = Path(stage_dir) / "done.json"
     if not path.exists():
         return None
-    report = json.loads(path.read_text())
+    report = upgrade_keys(json.loads(path.read_text()))  # written under older keys too
     want = fingerprint(config, Path(stage_dir).name)
     check_stage(HISTORY, stage_dir, report.get("config", {}), want)
     return report
@@ -183,7 +184,7 @@ def demos_stage(config, stage_dir: Path, pool: rollout.EnvPool) -> tuple[rollout
     report = {
         "episodes": len(eps),
         "expert_success": float(eps.success.mean()),
-        "real_episodes": len(eps),
+        "real_executions": len(eps),
         "time_s": time.monotonic() - t0,
     }
     return eps, finish_stage(stage_dir, config, report)
@@ -340,7 +341,7 @@ def wm_stage(
         "episodes": len(eps),
         "bc_rollouts": len(rolls),
         "bc_rollout_success": float(rolls.success.mean()),
-        "real_episodes": len(rolls),  # demos are counted by their own stage
+        "real_executions": len(rolls),  # demos are counted by their own stage
         "final": {k: float(v) for k, v in metrics.items()},
         "time_s": time.monotonic() - t0,
     }

@@ -14,7 +14,9 @@ file: validation works from an installed package without `configs/`.
 
 Saved configs (a run's `config.json`, a stage's fingerprint) are compared with today's
 through one `ConfigHistory` per experiment: the fields added since a config was saved (with
-the value that reproduces what it did), and how fields are compared by what they do.
+the value that reproduces what it did), the fields renamed since (compared under today's
+name), and how fields are compared by what they do. A renamed field's old name set by a
+config is an error naming both (`parse(..., renamed=)`).
 `check_resumable` and `check_stage` refuse a run or a stage saved under a different config,
 naming the fields and, for a field the saved config predates, the flag that continues it as
 it was.
@@ -90,6 +92,8 @@ def load_config_file(path: str | Path, *args) -> ml_collections.ConfigDict:
 
 
 # ----------------------------------------------------------------------------- sections
+
+_NONE: Mapping = types.MappingProxyType({})  # an empty mapping, as a default
 
 
 def setting(
@@ -231,20 +235,28 @@ def _scalar(name: str, value, kind, meta: dict):
     return value
 
 
-def parse(schema: type[Section], config, *, path: str = "config") -> Section:
+def parse(
+    schema: type[Section], config, *, path: str = "config", renamed: Mapping[str, str] = _NONE
+) -> Section:
     """The typed `schema` read from `config` (a ConfigDict or a plain dict), which is left
     as it was. Unknown fields, missing ones and bad values are `ConfigError`s naming the
-    field."""
+    field; a field of `renamed` (old dotted name -> new, `ConfigHistory.renamed`) under its
+    old name is one naming both."""
     data = config.to_dict() if hasattr(config, "to_dict") else config
-    return _parse(schema, data, path)
+    return _parse(schema, data, path, renamed)
 
 
-def _parse(schema: type[Section], data, path: str) -> Section:
+def _parse(schema: type[Section], data, path: str, renamed: Mapping[str, str] = _NONE) -> Section:
     if not isinstance(data, Mapping):
         raise ConfigError(path, f"must be a section ({schema.__name__}), got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = _hints(schema)
     unknown = [k for k in data if k not in fields]
+    root = path.partition(".")[0]
+    for k in unknown:
+        old = f"{path}.{k}".removeprefix(root + ".")
+        if old in renamed:
+            raise renamed_field(old, renamed[old], root)
     if unknown:
         raise ConfigError(
             f"{path}.{unknown[0]}",
@@ -262,12 +274,18 @@ def _parse(schema: type[Section], data, path: str) -> Section:
     for name, value in data.items():
         kind = hints[name]
         if isinstance(kind, type) and issubclass(kind, Section):
-            value = _parse(kind, value, f"{path}.{name}")
+            value = _parse(kind, value, f"{path}.{name}", renamed)
         values[name] = value
     try:
         return schema(**values)
     except ConfigError as e:
         raise ConfigError(f"{path}.{e.field}", e.problem) from None
+
+
+def renamed_field(old: str, new: str, root: str = "config") -> ConfigError:
+    """The error for a config that sets a field under its old name (`ConfigHistory.renamed`):
+    `config.rl.old: rl.old was renamed rl.new; set config.rl.new instead`."""
+    return ConfigError(f"{root}.{old}", f"{old} was renamed {new}; set {root}.{new} instead")
 
 
 def as_dict(cfg: Section) -> dict:
@@ -324,6 +342,9 @@ class ConfigHistory:
     added: fields added after configs were saved, each with the value that reproduces what a
         config saved without it did; applied to the fields the compared config has (a stage
         fingerprint holds only its own).
+    renamed: fields renamed after configs were saved (old dotted name -> new): a saved
+        config's value under the old name compares as the new field's (the old name set by
+        a config is refused: `parse(..., renamed=history.renamed)`).
     resolve: maps flat fields to what they do, so that two spellings of the same behaviour
         compare equal (e.g. a fusion switch `auto` in a mode where it means `mean`).
     resumable: fields a resumed run may change (they do not change what a completed step
@@ -331,13 +352,15 @@ class ConfigHistory:
     """
 
     added: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
     resolve: Callable[[dict], dict] = _same
     resumable: tuple[str, ...] = ()
 
     def upgrade(self, saved: Mapping, fields: Iterable[str]) -> dict:
-        """A saved config (flat) with the added fields among `fields` at their legacy
-        values."""
-        out = dict(saved)
+        """A saved config (flat) under today's names (`renamed`), with the added fields
+        among `fields` at their legacy values."""
+        out = {self.renamed.get(k, k): v for k, v in saved.items()
+               if not (k in self.renamed and self.renamed[k] in saved)}  # fmt: skip
         for k in fields:
             if k in self.added:
                 out.setdefault(k, self.added[k])
@@ -353,15 +376,21 @@ class ConfigHistory:
         return [k for k in sorted(set(now) | set(before)) if k not in self.resumable and differs(k)]
 
     def hint(self, saved, diff: Iterable[str]) -> str:
-        """For differing fields the saved config predates (`added`), how to continue it as it
-        was: ` (written before wm.runtime_coef existed: pass --config.wm.runtime_coef=0.0 to
-        continue it as it was)`; '' when there are none."""
-        before = set(flatten(plain(saved)))
+        """For differing fields the saved config holds under an old name (`renamed`), that
+        name; for those it predates (`added`), how to continue it as it was: ` (written
+        before wm.runtime_coef existed: pass --config.wm.runtime_coef=0.0 to continue it as
+        it was)`; '' when there are none."""
+        before, diff = set(flatten(plain(saved))), list(diff)
+        renamed = [f"{new}, saved under its old name {old}" for old, new in self.renamed.items()
+                   if old in before and new in diff]  # fmt: skip
+        out = f" ({'; '.join(renamed)})" if renamed else ""
         old = [k for k in diff if k in self.added and k not in before]
         if not old:
-            return ""
+            return out
         flags = " ".join(f"--config.{k}={self.added[k]}" for k in old)
-        return f" (written before {', '.join(old)} existed: pass {flags} to continue it as it was)"
+        return out + (
+            f" (written before {', '.join(old)} existed: pass {flags} to continue it as it was)"
+        )
 
 
 def _norm(v):

@@ -1,10 +1,9 @@
 """The config sections AutoResearch and embodied share, each declared once.
 
 * `RunConfig`: the fields at the top of both (`seed`, `mode`, `routing`, `init_dir`);
-* `RLConfig`: the GRPO run (`config.rl`); each experiment extends it with its own fields
-  (`AutoResearchRL`, `EmbodiedRL`), among them its B groups per step under the name its
-  configs have always had (`rl.tasks_per_step`: tasks; `rl.groups_per_step`: start states),
-  read through `groups()`;
+* `RLConfig`: the GRPO run (`config.rl`), among its fields the B groups of G samples per step
+  (`rl.groups_per_step`: a group is a task in AutoResearch, a start state in embodied); each
+  experiment extends it with its own fields (`AutoResearchRL`, `EmbodiedRL`);
 * `CorrectionConfig`: anchors, Online Debiasing, Inverse-Variance Denoising, sample-level
   fusion and the adaptive anchor fraction (`config.correction`), with the builders of the
   core's settings from it.
@@ -63,6 +62,10 @@ class RLConfig(Section):
     """The GRPO run (`config.rl`), the fields both experiments have."""
 
     steps: int = setting(20, low=1)
+    # B groups per step, each G = group_size samples of one prompt (AutoResearch: a task;
+    # embodied: a start state, instruction + layout). Saved AutoResearch configs may hold it
+    # under its old name (`wmrl.experiment.renamed`).
+    groups_per_step: int = setting(8, low=1)
     # The RL run's seed (policy sampling, task order, routing, executions); -1 = `seed`. The
     # stages before RL use `seed`: runs differing only here share them.
     seed: int = setting(-1, low=-1, note="-1 = config.seed")
@@ -86,10 +89,6 @@ class RLConfig(Section):
     # "compile": a script that does not compile gets MALFORMED's exact reward 0; "names":
     # also RUNTIME_ERROR's for a script that reads a name it never defines; "off".
     static_check: str = setting("off", choices=STATIC_CHECKS)
-
-    def groups(self) -> int:
-        """B, the groups of a step (each experiment's own field)."""
-        raise NotImplementedError
 
 
 def rl_seed(config) -> int:

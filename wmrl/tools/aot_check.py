@@ -40,10 +40,10 @@ def step_shape(config) -> tuple[int, int, int]:
     or, for a WMRL trainer config (configs/qwen3_*.py), the RL step's trajectories per step,
     prompt + script length and `rl.num_micro_batches`."""
     if "rl" in config:
-        from wmrl.autoresearch.config import groups_per_step
+        from wmrl.autoresearch.config import parse_config
 
         seq = config.data.max_prompt_len + config.data.max_new_tokens
-        batch = groups_per_step(config) * config.rl.group_size
+        batch = parse_config(config).rl.groups() * config.rl.group_size
         return batch, seq, config.rl.get("num_micro_batches", 1)
     return config.batch_size, config.seq_len, config.num_micro_batches
 
