@@ -19,6 +19,7 @@ from ml_collections import config_flags
 
 from wmrl import distributed, storage
 from wmrl.config_errors import ConfigError
+from wmrl.experiment import renamed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
 _WORKDIR = flags.DEFINE_string(
@@ -50,31 +51,6 @@ def validate(config) -> None:
         from wmrl.embodied.config import validate_embodied_config
 
         validate_embodied_config(config)
-
-
-def refuse_renamed_overrides(argv: list[str]) -> None:
-    """A `--config.x.y=` override of a field under its old name (`wmrl.experiment.renamed`)
-    is a ConfigError naming both (ml_collections would stop on it with a bare
-    AttributeError)."""
-    from wmrl.experiment.config import renamed_field
-    from wmrl.experiment.renamed import FIELDS
-
-    for arg in argv[1:]:
-        if arg == "--":
-            break
-        name = arg.partition("=")[0].removeprefix("--config.")
-        if arg.startswith("--config.") and name in FIELDS:
-            raise renamed_field(name, FIELDS[name])
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, after `refuse_renamed_overrides` (exit status 2, one line)."""
-    try:
-        refuse_renamed_overrides(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    return app.parse_flags_with_usage(argv)
 
 
 def check_fresh_workdir(workdir: epath.Path) -> None:
@@ -193,4 +169,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=renamed.parse_flags)

@@ -355,23 +355,24 @@ def test_a_command_line_override_under_the_old_name_is_refused_naming_both():
     """`--config.rl.tasks_per_step=4` (either spelling) is a ConfigError naming both fields
     (ml_collections alone would stop on it with a bare AttributeError)."""
     from tests.support.main_in_process import config_from_command_line
-    from wmrl import main as entry
+    from wmrl.experiment import renamed
 
     path = ROOT / "configs" / "autoresearch_tiny.py"
     with pytest.raises(ConfigError, match=RENAMED):
         config_from_command_line(path, "--config.rl.tasks_per_step=4")
     with pytest.raises(ConfigError, match=RENAMED):
-        entry.refuse_renamed_overrides(["wmrl.main", "--config.rl.tasks_per_step", "4"])
-    entry.refuse_renamed_overrides(["wmrl.main", "--", "--config.rl.tasks_per_step=4"])
+        renamed.refuse_renamed_overrides(["wmrl.main", "--config.rl.tasks_per_step", "4"])
+    renamed.refuse_renamed_overrides(["wmrl.main", "--", "--config.rl.tasks_per_step=4"])
 
 
 @pytest.mark.real  # a subprocess of the entry point
-def test_the_entry_point_refuses_an_override_under_the_old_name(tmp_path):
-    """`python -m wmrl.main ... --config.rl.tasks_per_step=4`: exit status 2, one line naming
-    both fields, nothing written."""
+@pytest.mark.parametrize("entry_point", ["wmrl.main", "wmrl.benchmarks.speedup"])
+def test_the_entry_point_refuses_an_override_under_the_old_name(tmp_path, entry_point):
+    """`python -m wmrl.main ... --config.rl.tasks_per_step=4` (or the speedup benchmark's):
+    exit status 2, one line naming both fields, nothing written."""
     path = ROOT / "configs" / "autoresearch_tiny.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "wmrl.main", f"--config={path}", "--config.rl.tasks_per_step=4",
+        [sys.executable, "-m", entry_point, f"--config={path}", "--config.rl.tasks_per_step=4",
          f"--workdir={tmp_path / 'run'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

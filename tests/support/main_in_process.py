@@ -13,12 +13,13 @@ from ml_collections import config_flags
 
 from wmrl import main as entry
 from wmrl import storage
+from wmrl.experiment import renamed
 
 
 def config_from_command_line(config_file, *overrides):
     """The ConfigDict `--config=config_file` and `overrides` make (fresh flags, no globals)."""
     argv = ["wmrl.main", f"--config={config_file}", *overrides]
-    entry.refuse_renamed_overrides(argv)
+    renamed.refuse_renamed_overrides(argv)
     fv = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, "", flag_values=fv, sys_argv=argv)
     fv(argv)

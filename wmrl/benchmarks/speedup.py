@@ -479,4 +479,6 @@ def main(argv, f: dict) -> None:
 
 if __name__ == "__main__":
     _flags = define_flags()
-    app.run(lambda argv: main(argv, _flags))
+    from wmrl.experiment.renamed import parse_flags
+
+    app.run(lambda argv: main(argv, _flags), flags_parser=parse_flags)

@@ -496,4 +496,6 @@ def print_tables(results: dict, out: dict, k: int) -> None:
 if __name__ == "__main__":
     _define_flags()
     flags.mark_flag_as_required("workdir")
-    app.run(main)
+    from wmrl.experiment.renamed import parse_flags
+
+    app.run(main, flags_parser=parse_flags)

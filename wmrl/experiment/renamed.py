@@ -44,3 +44,35 @@ def upgrade_keys(record):
     if isinstance(record, list):
         return [upgrade_keys(v) for v in record]
     return record
+
+
+def refuse_renamed_overrides(argv: list[str]) -> None:
+    """A `--config.x.y=` override of a field under its old name (`wmrl.experiment.renamed`)
+    is a ConfigError naming both (ml_collections would stop on it with a bare
+    AttributeError)."""
+    from wmrl.experiment.config import renamed_field
+
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        name = arg.partition("=")[0].removeprefix("--config.")
+        if arg.startswith("--config.") and name in FIELDS:
+            raise renamed_field(name, FIELDS[name])
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, after `refuse_renamed_overrides` (exit status 2, one line): the
+    `flags_parser` of every entry point that takes `--config` (`app.run(main,
+    flags_parser=parse_flags)`)."""
+    import sys
+
+    from absl import app
+
+    from wmrl.config_errors import ConfigError
+
+    try:
+        refuse_renamed_overrides(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    return app.parse_flags_with_usage(argv)

@@ -97,7 +97,9 @@ def main() -> None:
         for name, value in rows:
             print(f"{name:<30} {value}")
 
-    app.run(run)
+    from wmrl.experiment.renamed import parse_flags
+
+    app.run(run, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":
