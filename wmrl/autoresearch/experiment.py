@@ -68,6 +68,7 @@ from wmrl.autoresearch import config as rlconfig
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch.plots import plot_run
 from wmrl.experiment import config as xconfig
+from wmrl.experiment import summary as summaries
 from wmrl.experiment.loop import run_loop
 from wmrl.jsonl import StepLog, read_jsonl
 
@@ -456,10 +457,8 @@ def _bar_time(st, budget: float) -> int:
 
 
 def time_to_target(evals: list[dict], target: float) -> float | None:
-    for e in evals:
-        if e.get("heldout_reward") is not None and e["heldout_reward"] >= target:
-            return e["wall_time_s"]
-    return None
+    """Training wall-clock at the first evaluation whose held-out reward reached `target`."""
+    return summaries.first_reaching(evals, "heldout_reward", target, "wall_time_s")
 
 
 def _by_turn(evals: list[dict]) -> dict:
@@ -474,6 +473,9 @@ def _by_turn(evals: list[dict]) -> dict:
     }
 
 
+CURVE_KEYS = ("step", "wall_time_s", "real_executions", "heldout_reward", "heldout_reward_se")
+
+
 def make_summary(
     config, st, sft_report: dict, wm_report: dict, stage_s: float, compile_s: float = 0.0
 ) -> dict:
@@ -483,9 +485,7 @@ def make_summary(
         "mode": config.mode,
         "routing": config.routing,
         "steps": st.step,
-        "warmstart_heldout_reward": evals[0]["heldout_reward"],
-        "final_heldout_reward": evals[-1]["heldout_reward"],
-        "best_heldout_reward": max((e["heldout_reward"] or 0.0) for e in evals),
+        **summaries.curve_figures(evals, "heldout_reward"),
         "wall_time_s": st.wall_time_s,
         "target_reward": config.target_reward,
         "time_to_target_s": time_to_target(evals, config.target_reward),
@@ -495,16 +495,7 @@ def make_summary(
         * config.rl.eval_samples
         * len(evals[0]["heldout_per_task"])
         * config.env.turns,
-        "heldout_curve": [
-            {
-                "step": e["step"],
-                "wall_time_s": e["wall_time_s"],
-                "real_executions": e["real_executions"],
-                "heldout_reward": e["heldout_reward"],
-                "heldout_reward_se": e.get("heldout_reward_se"),
-            }
-            for e in evals
-        ],
+        "heldout_curve": summaries.heldout_curve(evals, CURVE_KEYS),
         "final_heldout_status_rates": evals[-1]["heldout_status_rates"],
         **_by_turn(evals),
         "wm_kind": config.wm.kind,

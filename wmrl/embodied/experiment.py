@@ -39,6 +39,7 @@ from wmrl.embodied import rl, rollout, stages
 from wmrl.embodied import world_model as wmodel
 from wmrl.embodied.config import HISTORY, validate_embodied_config
 from wmrl.experiment import config as xconfig
+from wmrl.experiment import summary as summaries
 from wmrl.experiment.renamed import upgrade_keys
 from wmrl.experiment.sections import rl_seed
 from wmrl.jsonl import StepLog, read_jsonl
@@ -207,10 +208,11 @@ def reached(success: float, target: float) -> bool:
 def cost_to_target(evals: list[dict], target: float, key: str = "real_executions"):
     """`key` (real executions, wall-clock) at the first evaluation that reached `target`;
     None if none did."""
-    for e in evals:
-        if reached(e["heldout_success"], target):
-            return e[key]
-    return None
+    return summaries.first_reaching(evals, "heldout_success", target, key, TARGET_TOLERANCE)
+
+
+CURVE_KEYS = ("step", "real_executions", "wm_episodes", "wall_time_s", "heldout_success",
+              "heldout_success_se")  # fmt: skip
 
 
 def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
@@ -218,23 +220,13 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
     steps = [r for r in records if r["kind"] == "step"]
     last = steps[-1] if steps else {"real_executions": 0, "wm_episodes": 0, "wall_time_s": 0.0}
     cost = float(config.env.real_episode_cost_s)
-    aucs = [
-        r["anchor_auc"]
-        for r in steps
-        if r.get("anchor_auc") == r.get("anchor_auc") and r.get("anchor_auc") is not None
-    ]
-    reds = [r["bias_reduction"] for r in steps if "bias_reduction" in r]
-    corrs = [r.get("wm_stream_corr") for r in steps]  # None in `real`, NaN when undefined
-    corrs = [c for c in corrs if c is not None and c == c]
     summary = {
         "experiment": "embodied",
         "mode": config.mode,
         "observations": config.obs,
         "steps": len(steps),
-        "warmstart_heldout_success": evals[0]["heldout_success"],
-        "final_heldout_success": evals[-1]["heldout_success"],
+        **summaries.curve_figures(evals, "heldout_success"),
         "final_heldout_success_se": evals[-1]["heldout_success_se"],
-        "best_heldout_success": max(e["heldout_success"] for e in evals),
         "target_success": config.target_success,
         "real_executions": int(last["real_executions"]),
         "wm_episodes": int(last["wm_episodes"]),
@@ -247,23 +239,11 @@ def make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s) -> dict:
         },
         "eval_real_executions": sum(e["eval_episodes"] for e in evals),
         "real_episode_cost_s": cost,
-        "heldout_curve": [
-            {
-                k: e[k]
-                for k in (
-                    "step",
-                    "real_executions",
-                    "wm_episodes",
-                    "wall_time_s",
-                    "heldout_success",
-                    "heldout_success_se",
-                )
-            }
-            for e in evals
-        ],
-        "wm_anchor_auc_mean": float(np.mean(aucs)) if aucs else None,
-        "bias_reduction_mean": float(np.mean(reds)) if reds else None,
-        "wm_stream_corr_mean": float(np.mean(corrs)) if corrs else None,
+        "heldout_curve": summaries.heldout_curve(evals, CURVE_KEYS),
+        # over the steps that have them (None in `real`, NaN where undefined)
+        "wm_anchor_auc_mean": summaries.finite_mean(r.get("anchor_auc") for r in steps),
+        "bias_reduction_mean": summaries.finite_mean(r.get("bias_reduction") for r in steps),
+        "wm_stream_corr_mean": summaries.finite_mean(r.get("wm_stream_corr") for r in steps),
         "expert_success": demo_rep["expert_success"],
         "bc": {k: v for k, v in bc_rep.items() if k != "config"},
         "wm_pretrain": {k: v for k, v in wm_rep.items() if k != "config"} if wm_rep else None,
