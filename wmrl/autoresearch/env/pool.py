@@ -15,6 +15,10 @@ could not be built) are retried once and otherwise returned as
 ``Status.UNGRADED``, which the trainer masks out; agent failures are never
 retried. How a finished execution's report becomes its graded result is
 ``wmrl.autoresearch.env.outcome``'s.
+
+One file over 600 lines on purpose: it is the trainer's side of the sandbox boundary (the
+startup canary, the template process, each slot's folders and permissions, the pool), which
+an audit reads with ``sandbox`` as one piece.
 """
 
 from __future__ import annotations
