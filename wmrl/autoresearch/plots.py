@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from etils import epath
 
+from wmrl.experiment.plots import plot_heldout_curve
 from wmrl.storage import save_figure
 
 
@@ -40,21 +41,10 @@ def plot_run(
     out = epath.Path(workdir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ev = [e for e in evals if e.get("heldout_reward") is not None]
-    ax.plot(
-        [e["wall_time_s"] for e in ev],
-        [e["heldout_reward"] for e in ev],
-        "o-",
-        label="held-out reward",
-    )
-    ax.axhline(target, color="grey", ls=":", label=f"target {target}")
-    ax.set_xlabel("training wall-clock (s)")
-    ax.set_ylabel("mean held-out reward")
-    ax.legend()
-    fig.tight_layout()
-    save_figure(fig, out / "heldout_reward.png", dpi=120)
-    plt.close(fig)
+    plot_heldout_curve(
+        out / "heldout_reward.png", evals, "wall_time_s", "heldout_reward", target,
+        xlabel="training wall-clock (s)", ylabel="mean held-out reward",
+    )  # fmt: skip
 
     fig, ax = plt.subplots(figsize=(5, 5))
     if pairs:

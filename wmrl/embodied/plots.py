@@ -9,26 +9,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from wmrl.experiment.plots import plot_heldout_curve
+from wmrl.storage import save_figure
+
 
 def plot_run(plot_dir: Path, records: list[dict], target: float) -> None:
     plot_dir = Path(plot_dir)
     plot_dir.mkdir(parents=True, exist_ok=True)
     evals = [r for r in records if r["kind"] == "eval"]
     steps = [r for r in records if r["kind"] == "step"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.errorbar(
-        [e["real_executions"] for e in evals],
-        [e["heldout_success"] for e in evals],
-        yerr=[e["heldout_success_se"] for e in evals],
-        marker="o",
-    )
-    ax.axhline(target, ls="--", c="grey", label="target")
-    ax.set_xlabel("real executions (simulator episodes) in RL")
-    ax.set_ylabel("held-out success")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(plot_dir / "heldout_success.png", dpi=80)
-    plt.close(fig)
+    plot_heldout_curve(
+        plot_dir / "heldout_success.png", evals, "real_executions", "heldout_success", target,
+        xlabel="real executions (simulator episodes) in RL", ylabel="held-out success", dpi=80,
+    )  # fmt: skip
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     x = [r["step"] for r in steps]
     ax[0].plot(x, [r["real_success"] for r in steps], label="real success (anchors)")
@@ -45,5 +38,5 @@ def plot_run(plot_dir: Path, records: list[dict], target: float) -> None:
         if a.get_legend_handles_labels()[0]:
             a.legend()
     fig.tight_layout()
-    fig.savefig(plot_dir / "wm_diagnostics.png", dpi=80)
+    save_figure(fig, plot_dir / "wm_diagnostics.png", dpi=80)
     plt.close(fig)
