@@ -110,8 +110,8 @@ def test_checkpoint_of_another_layout_is_refused_with_a_message(tmp_path):
 
 
 def test_adaptive_rho_state_round_trips_and_a_run_without_it_keeps_its_layout(tmp_path):
-    from wmrl.autoresearch.checkpoint import _paths
     from wmrl.core.fidelity import AdaptiveRhoState
+    from wmrl.experiment.checkpoint import tree_paths as _paths
 
     rule = AdaptiveRhoState(ema=jnp.float32(0.3), norm=jnp.float32(0.6), groups=jnp.int32(9))
     st = small_state().replace(adaptive_rho=rule)

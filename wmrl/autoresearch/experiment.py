@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import threading
 import time
@@ -69,24 +68,12 @@ from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch.plots import plot_run
 from wmrl.experiment import config as xconfig
 from wmrl.experiment import summary as summaries
+from wmrl.experiment.checkpoint import quiet_orbax
 from wmrl.experiment.loop import run_loop
 from wmrl.jsonl import StepLog, read_jsonl
 
 # How long the other processes wait for process 0's data stage (it executes the corpus).
 DATA_STAGE_TIMEOUT_S = 6 * 3600
-
-
-class _QuietOrbax(logging.Filter):
-    """Orbax logs every save step at INFO through absl; keep its warnings and errors only."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
-
-
-def quiet_orbax() -> None:
-    logger = logging.getLogger("absl")
-    if not any(isinstance(f, _QuietOrbax) for f in logger.filters):
-        logger.addFilter(_QuietOrbax())
 
 
 def data_dir(config, workdir: str | os.PathLike) -> Path:

@@ -37,19 +37,6 @@ NUM_CLASSES = len([s for s in Status if s != Status.UNGRADED])  # outcome classe
 TIMEOUT_REWARD = status_reward(Status.TIMEOUT)
 
 
-def abstract_like(tree):
-    """Shape/dtype(/sharding) stand-ins of a tree of arrays: an Orbax restore target that
-    puts every restored array where its counterpart in `tree` lives."""
-
-    def one(x):
-        if isinstance(x, jax.Array):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-        x = np.asarray(x)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype)
-
-    return jax.tree.map(one, tree)
-
-
 def seq_len(config) -> int:
     return config.data.max_prompt_len + config.data.max_new_tokens
 
