@@ -15,6 +15,7 @@ Client libraries: `gs://` needs `gcsfs` (epath's backend when TensorFlow is abse
 from __future__ import annotations
 
 import io
+import json
 import os
 import pathlib
 import shutil
@@ -92,6 +93,19 @@ def move_tree(src: epath.Path, dst: epath.Path) -> None:
     for f in _files(src):
         f.copy(dst / os.path.relpath(os.fspath(f), os.fspath(src)), overwrite=True)
     src.rmtree()
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """`obj` as indented JSON. Local: atomically (a temp file renamed over `path`). Remote: one
+    object upload (an object appears whole once its upload completes)."""
+    text = json.dumps(obj, indent=2) + "\n"
+    path = epath.Path(path)
+    if not is_local(path):
+        path.write_text(text)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _files(root: epath.Path):

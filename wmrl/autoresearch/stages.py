@@ -1,8 +1,10 @@
 """Stages before RL: warm start (SFT) and world-model pretraining, each saved once and reused.
 
-A stage writes its parameters with Orbax under `<init_dir>/<stage>/params` and then, last,
-`<init_dir>/<stage>/done.json` with its report; a stage whose `done.json` exists is loaded
-instead of retrained, so an interrupted pipeline redoes at most the stage it was in.
+The stage folders are the shared ones (`wmrl.experiment.stages`): a stage writes its
+parameters with Orbax under `<init_dir>/<stage>/params` and then, last,
+`<init_dir>/<stage>/done.json` with its report and config fingerprint; a stage whose
+`done.json` exists is loaded instead of retrained, so an interrupted pipeline redoes at most
+the stage it was in, and one made with another config is refused, naming the fields.
 `init_dir` may be a local folder or an epath URL such as gs://BUCKET/PATH.
 
 With several JAX processes every process trains and saves together (Orbax is collective);
@@ -17,11 +19,10 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 from tqdm import tqdm
 
-from wmrl import distributed, storage
+from wmrl import distributed
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch import model_setup, pretrained
 from wmrl.autoresearch.config import HISTORY
@@ -30,7 +31,7 @@ from wmrl.autoresearch.env.observation import ERROR_TYPES
 from wmrl.autoresearch.env.suite import SUITE_VERSION
 from wmrl.autoresearch.wm_metrics import predict_rows, within_task_spearman, wm_report
 from wmrl.config_errors import ConfigError
-from wmrl.experiment.config import check_stage, get_field, plain
+from wmrl.experiment import stages as xstages
 from wmrl.jsonl import read_jsonl
 
 # What each stage's output depends on (dotted config fields; a section means all of it).
@@ -73,9 +74,7 @@ def stages_done(config, init_dir) -> bool:
 
 
 def _fingerprint(config, stage: str) -> dict:
-    out = {}
-    for field in STAGE_FIELDS[stage]:
-        out[field] = plain(get_field(config, field))
+    out = xstages.config_fields(config, STAGE_FIELDS[stage])
     if not config.suite.dir:  # built-in tasks: their rows are the builder's version's
         out["suite_version"] = SUITE_VERSION
     if config.env.turns > 1:  # multi-turn stages train on episodes; single-turn ones as before
@@ -86,36 +85,21 @@ def _fingerprint(config, stage: str) -> dict:
 def _done(stage_dir: epath.Path, config) -> dict | None:
     """The stage's report if it completed with this config; a stage made with another config
     is an error naming the fields (loading it would fail on shapes, or silently differ)."""
-    path = epath.Path(stage_dir) / "done.json"
-    if not path.exists():
-        return None
-    report = json.loads(path.read_text())
-    check_stage(HISTORY, stage_dir, report.get("config", {}), _fingerprint(config, stage_dir.name))
-    return report
+    stage_dir = epath.Path(stage_dir)
+    return xstages.done(stage_dir, HISTORY, _fingerprint(config, stage_dir.name))
 
 
 def save_params(stage_dir: epath.Path, params, report: dict, config) -> None:
-    stage_dir = epath.Path(stage_dir)
-    main = distributed.is_main_process()
-    if main:
-        if stage_dir.exists():
-            stage_dir.rmtree()  # a half-written earlier attempt
-        stage_dir.mkdir(parents=True, exist_ok=True)
-    distributed.barrier(f"{stage_dir.name} cleared")
-    ckpt = ocp.StandardCheckpointer()
-    ckpt.save(storage.absolute(stage_dir / "params"), params)
-    ckpt.wait_until_finished()
-    if main:
-        report = {**report, "config": _fingerprint(config, stage_dir.name)}
-        (stage_dir / "done.json").write_text(json.dumps(report, indent=2))
-    distributed.barrier(f"{stage_dir.name} done")
+    """A finished parameter stage: the folder cleared (a half-written earlier attempt), the
+    params saved with Orbax, then `done.json`."""
+    stage_dir = xstages.begin(stage_dir)
+    xstages.save_params(stage_dir, params)
+    xstages.finish(stage_dir, report, _fingerprint(config, stage_dir.name))
 
 
 def load_params(stage_dir: epath.Path, like):
     """Restore params into the shardings of `like` (an abstract or concrete params tree)."""
-    target = model_setup.abstract_like(like)
-    params_dir = storage.absolute(epath.Path(stage_dir) / "params")
-    return ocp.StandardCheckpointer().restore(params_dir, target)
+    return xstages.load_params(stage_dir, like)
 
 
 def sft_rows(config, prepared: rldata.Prepared) -> dict:
@@ -329,9 +313,7 @@ def policy_samples(
     }  # fmt: skip
     if distributed.is_main_process():
         (stage_dir / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
-        done = {**report, "config": _fingerprint(config, POLICY_SAMPLES)}
-        (stage_dir / "done.json").write_text(json.dumps(done, indent=2))
-    distributed.barrier(f"{POLICY_SAMPLES} done")
+    xstages.finish(stage_dir, report, _fingerprint(config, POLICY_SAMPLES))
     return records, report
 
 
