@@ -106,6 +106,8 @@ def test_stage_folder_done_last_refused_by_field_and_cleared_when_half_written(t
     assert xstages.done(stage, history, fp) is None  # params alone: not finished
     assert xstages.finish(stage, {"loss": 1.5}, fp)["config"] == fp
     assert xstages.done(stage, history, fp) == {"loss": 1.5, "config": fp}
+    renamed = lambda r: {("nll" if k == "loss" else k): v for k, v in r.items()}
+    assert xstages.done(stage, history, fp, upgrade=renamed) == {"nll": 1.5, "config": fp}
     back = xstages.load_params(stage, {k: np.zeros_like(v) for k, v in params.items()})
     assert_tree_equal({k: np.asarray(v) for k, v in back.items()}, params)
     with pytest.raises(ConfigError, match=r"config\.init_dir.*fields: wm\.hidden\)"):

@@ -19,7 +19,7 @@ collective); process 0 alone clears the folder and writes `done.json`, between b
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import orbax.checkpoint as ocp
 from etils import epath
@@ -37,14 +37,19 @@ def config_fields(config, fields: Iterable[str]) -> dict:
     return {f: plain(get_field(config, f)) for f in fields}
 
 
-def done(stage_dir, history: ConfigHistory, want: Mapping) -> dict | None:
+def done(
+    stage_dir, history: ConfigHistory, want: Mapping, upgrade: Callable[[dict], dict] | None = None
+) -> dict | None:
     """The stage's report if it completed with fingerprint `want`, else None (not finished).
     A stage made with another config is refused, naming the fields (loading it would fail on
-    shapes, or silently differ)."""
+    shapes, or silently differ). `upgrade`: reads a report written under older key names
+    under today's."""
     path = epath.Path(stage_dir) / DONE
     if not path.exists():
         return None
     report = json.loads(path.read_text())
+    if upgrade is not None:
+        report = upgrade(report)
     check_stage(history, stage_dir, report.get("config", {}), want)
     return report
 
