@@ -131,9 +131,8 @@ def step_records(workdir) -> list[int]:
 
 
 def checkpoint_steps(workdir) -> set[int]:
-    """The steps checkpointed: Orbax's folders `<step>`, the embodied run's `*_<step>.*`."""
-    names = (p.name.split(".")[0] for p in (workdir / "checkpoints").iterdir())
-    return {int(n.split("_")[-1]) for n in names}
+    """The steps checkpointed: Orbax's complete step folders `<step>` (both trainers)."""
+    return {int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()}
 
 
 SCHEDULE = {"rl__steps": STEPS, "rl__checkpoint_every": CHECKPOINT_EVERY, "rl__eval_every": 1}

@@ -3,6 +3,7 @@ correction core imported rather than copied, resume, and the command line."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,8 @@ from configs import embodied_push
 from wmrl.config_errors import ConfigError
 from wmrl.core import correct, debias, denoise, grpo, routing
 from wmrl.embodied import config as econfig
-from wmrl.embodied import experiment, rl
+from wmrl.embodied import experiment, rl, stages
+from wmrl.experiment.checkpoint import RunCheckpointer
 
 pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
 
@@ -89,8 +91,9 @@ def test_static_anchors_scores_every_imagined_episode_with_the_recent_anchor_mea
     assert steps[0]["imagined_success_calibrated"] == 0.0  # no anchors yet
     # step 2: the core's recent mean, an EMA (half-life 64 rows) of step 1's 8 anchor successes,
     # in row order; by hand from the replay (its last 8 episodes are step 1's anchors).
-    with np.load(wd / "checkpoints" / "replay_1.npz") as f:
-        y = f["success"][-8:]
+    ckpt = RunCheckpointer(wd, keep=2)
+    y = ckpt.read_raw(1).host["success"][-8:]
+    ckpt.close()
     w = 0.5 ** (np.arange(7, -1, -1) / 64.0)
     assert y.mean() == pytest.approx(steps[0]["real_success"])
     assert steps[1]["imagined_success_calibrated"] == pytest.approx((w * y).sum() / w.sum())
@@ -319,13 +322,123 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(runs, tmp_path):
     root, out = runs
     wd = tmp_path / "resumed"
     experiment.run(tiny(root / "init", mode="wmrl"), wd)
+    # One Orbax checkpoint per checkpointed step (state, replay and meta), the newest two.
+    assert sorted(p.name for p in (wd / "checkpoints").iterdir()) == ["1", "2"]
+    assert {p.name for p in (wd / "checkpoints" / "2").iterdir()} >= {"state", "host", "meta"}
     (wd / "summary.json").unlink()
-    for p in (wd / "checkpoints").glob("*_2.*"):
-        p.unlink()
+    shutil.rmtree(wd / "checkpoints" / "2")
     with open(wd / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"kind": "step", "step": 2, "train_reward": -1.0}) + "\n")
     experiment.run(tiny(root / "init", mode="wmrl"), wd)
     assert outcome(wd) == outcome(out["wmrl"][0])
+    assert_same_checkpoints(wd, out["wmrl"][0])
+
+
+def checkpoint_arrays(wd) -> dict:
+    """Every array of every kept checkpoint, by step and path (`RunCheckpointer.read_raw`)."""
+    ckpt = RunCheckpointer(wd, keep=2)
+    out = {}
+    for step in ckpt.all_steps():
+        raw = ckpt.read_raw(step)
+        for name, tree in (("state", raw.state), ("host", raw.host or {})):
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+                out[(step, name, jax.tree_util.keystr(path))] = np.asarray(x)
+    ckpt.close()
+    return out
+
+
+def assert_same_checkpoints(wd, reference):
+    """Bit-equal checkpoints: every array of the resumed run's equals the uninterrupted one's."""
+    got, want = checkpoint_arrays(wd), checkpoint_arrays(reference)
+    assert sorted(got) == sorted(want) and len(got) > 100
+    for k, x in want.items():
+        assert got[k].dtype == x.dtype, k
+        np.testing.assert_array_equal(got[k], x, err_msg=str(k))
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(runs, tmp_path, capsys):
+    """The finished wmrl run cut after its last checkpoint, whose arrays are torn: it is moved
+    to checkpoints_corrupt/, step 1's is used, and step 2 redone gives the same run."""
+    root, out = runs
+    wd = tmp_path / "corrupt"
+    shutil.copytree(out["wmrl"][0], wd)
+    (wd / "summary.json").unlink()
+    for f in (wd / "checkpoints" / "2" / "state").rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(b"\0" * 8)  # a torn write
+    capsys.readouterr()
+    experiment.run(tiny(root / "init", mode="wmrl"), wd)
+    text = capsys.readouterr().out
+    assert "checkpoints/2 could not be restored" in text and "falling back" in text
+    (kept,) = (wd / "checkpoints_corrupt").iterdir()
+    assert kept.name.startswith("2-") and (kept / "state").is_dir()
+    assert outcome(wd) == outcome(out["wmrl"][0])
+    assert_same_checkpoints(wd, out["wmrl"][0])
+
+
+def legacy_save(self, step, state, meta, host=None):
+    """What embodied runs wrote before their checkpoints were Orbax's (the removed
+    `wmrl.embodied.checkpoint.save_tree` and the loop's writes, as they were)."""
+    ck_dir = Path(self.directory)
+    ck_dir.mkdir(parents=True, exist_ok=True)
+    leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
+    np.savez(ck_dir / f"step_{step}.npz", *leaves)
+    np.savez(ck_dir / f"replay_{step}.npz", **(host or {"none": np.zeros(0)}))
+    (ck_dir / f"meta_{step}.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+@pytest.mark.parametrize("mode", ["wmrl", "real"])
+def test_a_legacy_npz_run_directory_resumes_and_continues_with_orbax(
+    runs, tmp_path, monkeypatch, capsys, mode
+):
+    """A run directory of the `.npz` layout, cut after step 1 (`real`: an empty replay, its
+    placeholder array), resumes from it and gives the uninterrupted run; step 2 is then an
+    Orbax checkpoint and the legacy files are left as they were."""
+    root, out = runs
+    wd = tmp_path / "legacy"
+    with monkeypatch.context() as m:
+        m.setattr(experiment.RunCheckpointer, "save", legacy_save)
+        experiment.run(tiny(root / "init", mode=mode), wd)
+    ck = wd / "checkpoints"
+    assert not [p for p in ck.iterdir() if p.is_dir()]  # no Orbax step
+    (wd / "summary.json").unlink()
+    for p in ck.glob("*_2.*"):
+        p.unlink()
+    legacy_files = sorted(p.name for p in ck.iterdir())
+    assert legacy_files == ["meta_1.json", "replay_1.npz", "step_1.npz"]
+    capsys.readouterr()
+    experiment.run(tiny(root / "init", mode=mode), wd)
+    assert "resuming from the legacy .npz checkpoint of step 1" in capsys.readouterr().out
+    assert outcome(wd) == outcome(out[mode][0])
+    assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == ["2"]
+    assert sorted(p.name for p in ck.iterdir() if p.is_file()) == legacy_files
+    got = checkpoint_arrays(wd)
+    want = {k: x for k, x in checkpoint_arrays(out[mode][0]).items() if k[0] == 2}
+    assert sorted(got) == sorted(want)
+    for k, x in want.items():
+        assert got[k].dtype == x.dtype, k
+        np.testing.assert_array_equal(got[k], x, err_msg=str(k))
+
+
+def test_a_legacy_params_npz_stage_loads(runs, tmp_path, capsys):
+    """A `bc` stage folder of the `.npz` layout (params.npz of the leaves, done.json) loads the
+    same parameters as the Orbax one it was written from."""
+    root, _ = runs
+    config = tiny(root / "init", mode="wmrl")
+    demos, _ = stages.demos_stage(config, root / "init" / "demos", None)  # finished: loaded
+    _, params, report = stages.bc_stage(config, root / "init" / "bc", demos)
+    old = tmp_path / "bc"
+    shutil.copytree(root / "init" / "bc", old)
+    shutil.rmtree(old / "params")
+    np.savez(old / "params.npz", *[np.asarray(x) for x in jax.tree.leaves(params)])
+    capsys.readouterr()
+    _, back, old_report = stages.bc_stage(config, old, demos)
+    assert "params.npz (a stage of an older wmrl)" in capsys.readouterr().out
+    assert old_report == report and not (old / "params").exists()  # loaded, not rebuilt
+    assert jax.tree.structure(back) == jax.tree.structure(params)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def main_cmd(wd, init_dir, *flags):
@@ -400,7 +513,7 @@ def test_sigkill_then_rerun_equals_uninterrupted_run(runs, tmp_path):
         text=True,
     )
     deadline = time.monotonic() + 600
-    while not (wd / "checkpoints" / "meta_2.json").exists():
+    while not (wd / "checkpoints" / "2").is_dir():  # Orbax renames a complete step into place
         assert p.poll() is None, p.stderr.read()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.05)

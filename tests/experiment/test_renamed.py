@@ -74,8 +74,10 @@ def test_an_embodied_run_written_under_the_old_keys_is_read_under_todays(tmp_pat
 
 
 def test_an_embodied_checkpoint_of_the_old_state_key_loads_in_place():
-    """Checkpoints hold the RL state's leaves in order (`checkpoint.load_tree`); the counter's
-    new key sorts where the old one did, so old checkpoints load with every leaf in place."""
+    """Legacy `.npz` checkpoints hold the RL state's leaves in order
+    (`wmrl.embodied.legacy.load_npz_tree`); the counter's new key sorts where the old one did,
+    so old checkpoints load with every leaf in place (Orbax ones were never written under the
+    old key)."""
     state = {"corr": 0, "policy": 1, "policy_opt": 2, "step": 3, "wm": 4, "wm_episodes": 5,
              "wm_opt": 6}  # fmt: skip
     old = jax.tree.leaves({**state, "real_episodes": np.int64(7)})

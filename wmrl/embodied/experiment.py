@@ -12,7 +12,11 @@ Files in the workdir (a local folder):
                     records written under older key names are read under today's
                     (`read_metrics`)
     summary.json    final results (its presence marks the run finished)
-    checkpoints/    step_<n>.npz (the RL state pytree) + replay_<n>.npz + meta_<n>.json
+    checkpoints/    Orbax run checkpoints (`wmrl.experiment.checkpoint`), the newest two:
+                    <n>/ holds step n's RL state pytree, the WM's replay and the meta (step,
+                    wall clock); a corrupt one is moved to checkpoints_corrupt/ and the one
+                    before it used. Legacy step_<n>.npz + replay_<n>.npz + meta_<n>.json
+                    checkpoints (`wmrl.embodied.legacy`) resume too.
     plots/          heldout_success.png, wm_diagnostics.png
     init/           the stages (unless config.init_dir points elsewhere)
 
@@ -26,7 +30,6 @@ execution: a model of a robot, not a measurement.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -34,12 +37,13 @@ import jax
 import numpy as np
 import optax
 
-from wmrl.embodied import checkpoint as ckpt
-from wmrl.embodied import rl, rollout, stages
+from wmrl import storage
+from wmrl.embodied import legacy, rl, rollout, stages
 from wmrl.embodied import world_model as wmodel
 from wmrl.embodied.config import HISTORY, validate_embodied_config
 from wmrl.experiment import config as xconfig
 from wmrl.experiment import summary as summaries
+from wmrl.experiment.checkpoint import RunCheckpointer, quiet_orbax
 from wmrl.experiment.renamed import upgrade_keys
 from wmrl.experiment.sections import rl_seed
 from wmrl.jsonl import StepLog, read_jsonl
@@ -70,13 +74,32 @@ def read_metrics(workdir) -> list[dict]:
     return [upgrade_keys(r) for r in read_jsonl(Path(workdir) / "metrics.jsonl")]
 
 
-def latest_checkpoint(ck_dir: Path) -> int | None:
-    steps = [int(p.stem.split("_")[1]) for p in ck_dir.glob("meta_*.json")]
-    return max(steps) if steps else None
+CHECKPOINTS_KEPT = 2  # the newest two
+
+
+def restore(ckpt: RunCheckpointer, template) -> tuple[int, dict, dict, float] | None:
+    """(step, RL state, replay, wall clock) of the newest checkpoint that restores into
+    `template`: an Orbax one, else a legacy `.npz` one (`wmrl.embodied.legacy`: read once, the
+    run checkpoints with Orbax from then on); None without any."""
+    out = ckpt.restore_latest(template)
+    if out is not None:
+        return out.step, out.state, out.host or {}, out.meta["wall_time_s"]
+    steps = legacy.checkpoint_steps(ckpt.directory)
+    if not steps:
+        return None
+    state, replay, meta = legacy.read_checkpoint(ckpt.directory, steps[-1], template)
+    print(
+        f"resuming from the legacy .npz checkpoint of step {steps[-1]} in {ckpt.directory} "
+        "(written before embodied checkpoints were Orbax's); later checkpoints are Orbax "
+        "step folders beside it, the .npz files are left as they were",
+        flush=True,
+    )
+    return steps[-1], state, replay, meta["wall_time_s"]
 
 
 def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> dict:
     validate_embodied_config(config)
+    quiet_orbax()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     init = Path(config.init_dir) if config.init_dir else workdir / "init"
@@ -121,23 +144,19 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
     eval_starts = rollout.sample_starts(
         np.random.default_rng([config.seed, 999]), held_tasks, config.rl.eval_episodes, spec
     )
-    ck_dir = workdir / "checkpoints"
+    ckpt = RunCheckpointer(workdir, CHECKPOINTS_KEPT)
+    restored = restore(ckpt, template)
     # Records stamped with the step that wrote them and cut by it on resume, as the
     # AutoResearch run's (`wmrl.jsonl.StepLog`).
     step_log = StepLog(workdir, ("metrics.jsonl",))
-    last = latest_checkpoint(ck_dir)
-    step_log.restart_at(last)
+    step_log.restart_at(None if restored is None else restored[0])
     records = read_metrics(workdir)
 
     def log(rec, step: int):
         records.extend(step_log.write("metrics.jsonl", [rec], step))
 
-    if last is not None:
-        state = ckpt.load_tree(ck_dir / f"step_{last}.npz", template)
-        with np.load(ck_dir / f"replay_{last}.npz") as f:
-            replay = {k: f[k] for k in f.files}
-        meta = json.loads((ck_dir / f"meta_{last}.json").read_text())
-        wall = meta["wall_time_s"]
+    if restored is not None:
+        _, state, replay, wall = restored
     else:
         state = template
         replay = wm_data if wm_data is not None else {}
@@ -179,20 +198,15 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
                     flush=True,
                 )
         if t % config.rl.checkpoint_every == 0 or t == steps:
-            ckpt.save_tree(ck_dir / f"step_{t}.npz", state)
-            np.savez(ck_dir / f"replay_{t}.npz", **(replay or {"none": np.zeros(0)}))
-            ckpt.write_json(ck_dir / f"meta_{t}.json", {"step": t, "wall_time_s": wall})
-            for old in ck_dir.glob("*_*.*"):  # keep the newest two checkpoints
-                n = int(old.stem.split("_")[1].split(".")[0])
-                if n < t - config.rl.checkpoint_every:
-                    old.unlink()
+            ckpt.save(t, state, {"step": t, "wall_time_s": wall}, host=replay)
     step_log.close()
+    ckpt.close()
     summary = make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s)
     if write_outputs:
         from wmrl.embodied.plots import plot_run
 
         plot_run(workdir / "plots", records, config.target_success)
-        ckpt.write_json(workdir / "summary.json", summary)
+        storage.write_json(workdir / "summary.json", summary)
     return summary
 
 

@@ -4,14 +4,18 @@
     bc/     the behaviour-cloned chunk policy
     wm/     the world model, pretrained on the demos and real rollouts of the BC policy
 
-A stage writes its arrays first and `done.json` (its report and the config fields it depends
-on) last, so an interrupted pipeline redoes at most the stage it was in; a stage made with
-other settings is refused, naming the fields.
+The stage folders are the shared ones (`wmrl.experiment.stages`): a stage clears a
+half-written earlier attempt, writes its arrays and then, last, `done.json` (its report and
+the config fields it depends on), so an interrupted pipeline redoes at most the stage it was
+in; a stage made with other settings is refused, naming the fields. Parameters (`bc/`,
+`wm/`) are Orbax checkpoints (`<stage>/params`); a stage folder of an older version with
+`params.npz` instead still loads (`wmrl.embodied.legacy`). The data arrays stay `.npz`
+(`demos/episodes.npz`, `wm/data.npz`): plain numpy episodes and transitions, read whole on
+one host, which no template describes (their sizes are the data's) and nothing shards.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -21,14 +25,13 @@ import numpy as np
 import optax
 
 from wmrl.config_errors import ConfigError
-from wmrl.embodied import checkpoint as ckpt
 from wmrl.embodied import env as scene
+from wmrl.embodied import legacy, render, rollout
 from wmrl.embodied import policy as pol
-from wmrl.embodied import render, rollout
 from wmrl.embodied import wm_training as wmtrain
 from wmrl.embodied import world_model as wmodel
 from wmrl.embodied.config import HISTORY
-from wmrl.experiment.config import check_stage, get_field, plain
+from wmrl.experiment import stages as xstages
 from wmrl.experiment.renamed import upgrade_keys
 
 STAGE_FIELDS = {
@@ -143,25 +146,27 @@ def value_horizon(config) -> int:
 def fingerprint(config, stage: str) -> dict:
     """The fields a stage depends on (`image` only where the policy reads images)."""
     fields = [f for f in STAGE_FIELDS[stage] if f != "image" or config.obs == "image"]
-    return {f: plain(get_field(config, f)) for f in fields}
+    return xstages.config_fields(config, fields)
 
 
 def stage_done(stage_dir: Path, config) -> dict | None:
     """The stage's report if it completed with this config; one made with another config is
     refused, naming the fields (`wmrl.embodied.config.HISTORY`: fields stages predate)."""
-    path = Path(stage_dir) / "done.json"
-    if not path.exists():
-        return None
-    report = upgrade_keys(json.loads(path.read_text()))  # written under older keys too
     want = fingerprint(config, Path(stage_dir).name)
-    check_stage(HISTORY, stage_dir, report.get("config", {}), want)
-    return report
+    return xstages.done(stage_dir, HISTORY, want, upgrade=upgrade_keys)  # older keys too
 
 
 def finish_stage(stage_dir: Path, config, report: dict) -> dict:
-    report = {**report, "config": fingerprint(config, Path(stage_dir).name)}
-    ckpt.write_json(Path(stage_dir) / "done.json", report)
-    return report
+    return xstages.finish(stage_dir, report, fingerprint(config, Path(stage_dir).name))
+
+
+def load_params(stage_dir: Path, like):
+    """A finished stage's parameters: its Orbax `params`, or a legacy stage's `params.npz`."""
+    stage_dir = Path(stage_dir)
+    if not xstages.has_params(stage_dir) and (stage_dir / legacy.PARAMS).exists():
+        print(f"loading {stage_dir / legacy.PARAMS} (a stage of an older wmrl)", flush=True)
+        return legacy.load_npz_tree(stage_dir / legacy.PARAMS, like)
+    return xstages.load_params(stage_dir, like)
 
 
 # ----------------------------------------------------------------------------- demos
@@ -179,7 +184,7 @@ def demos_stage(config, stage_dir: Path, pool: rollout.EnvPool) -> tuple[rollout
     rng = np.random.default_rng([config.seed, 1])
     starts = rollout.sample_starts(rng, train, config.demos.episodes, pool.spec)
     eps = rollout.expert_demos(pool, starts)
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    xstages.begin(stage_dir)
     np.savez(path, **eps.to_dict())
     report = {
         "episodes": len(eps),
@@ -215,7 +220,7 @@ def bc_stage(config, stage_dir: Path, demos: rollout.Episodes):
     graphdef, params = pol.init_policy(spec, config.seed)
     report = stage_done(stage_dir, config)
     if report is not None:
-        return graphdef, ckpt.load_tree(stage_dir / "params.npz", params), report
+        return graphdef, load_params(stage_dir, params), report
     t0 = time.monotonic()
     keep = demos.success > 0 if config.demos.successful_only else np.ones(len(demos), bool)
     data = chunk_dataset(
@@ -245,8 +250,8 @@ def bc_stage(config, stage_dir: Path, demos: rollout.Episodes):
         if shift:
             batch["obs"] = shift_scene(batch["obs"], rng.uniform(-shift, shift, (bs, 2)))
         params, opt, loss = step(params, opt, {k: jnp.asarray(v) for k, v in batch.items()})
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    ckpt.save_tree(stage_dir / "params.npz", params)
+    xstages.begin(stage_dir)
+    xstages.save_params(stage_dir, params)
     report = {
         "bc_steps": steps,
         "examples": n,
@@ -296,7 +301,7 @@ def wm_stage(
     if report is not None:
         with np.load(stage_dir / "data.npz") as f:
             data = {k: f[k] for k in f.files}
-        return ckpt.load_tree(stage_dir / "params.npz", params), data, report
+        return load_params(stage_dir, params), data, report
     t0 = time.monotonic()
     train, _ = tasks_of(config)
     rng = np.random.default_rng([config.seed, 3])
@@ -333,8 +338,8 @@ def wm_stage(
             symmetries,
         )
         params, opt, metrics = step(params, opt, b)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    ckpt.save_tree(stage_dir / "params.npz", params)
+    xstages.begin(stage_dir)
+    xstages.save_params(stage_dir, params)
     np.savez(stage_dir / "data.npz", **data)
     report = {
         "pretrain_steps": steps,

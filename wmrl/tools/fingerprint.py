@@ -11,9 +11,10 @@ steps and a few seeds; (2) three single-turn AutoResearch RL steps of the tiny s
 every number that does not measure time: the bandit curves and summaries; per RL step the
 metrics (keys ending in `_s` and the wall clock dropped), the anchor pairs, the journal and
 the summary; and a SHA-1 of every array of the final checkpoint (policy, reference, WM,
-optimiser and correction states, replay). `--only=rl,embodied` runs some parts. The shared data
-stage and warm-start/WM checkpoints are built once under `<out dir>/shared` and reused, so a
-second invocation compares RL and bandits only. `--compare` prints every difference and
+optimiser and correction states, replay; embodied: of the kept checkpoints).
+`--only=rl,embodied` runs some parts. The shared data stage and warm-start/WM checkpoints
+are built once under `<out dir>/shared` and reused, so a second invocation compares RL and
+bandits only. `--compare` prints every difference and
 exits 1 if there is any. Compare two trees on the same shared stages (copy `shared/`): stages
 built twice differ whatever the code, since the data stage journals executions in the order
 they finish and records measured runtimes, and the WM pretrained on them differs.
@@ -170,15 +171,32 @@ def embodied_fingerprint(root: Path, shared: Path) -> dict:
         config = load_config_file(CONFIGS / "embodied_push.py", "tiny")
         config.init_dir, config.mode, config.rl.steps = str(shared / "embodied_init"), mode, 2
         summary = run(config, wd)
-        arrays = sorted(str(p.relative_to(wd)) for p in wd.rglob("*.npz"))
-        hashes = [hashlib.sha1(np.load(wd / p, allow_pickle=False)[k].tobytes()).hexdigest()[:16]
-                  for p in arrays for k in sorted(np.load(wd / p).files)]  # fmt: skip
         out[mode] = _clean({
             "summary": summary,
             "metrics": _read_jsonl(wd / "metrics.jsonl"),
-            "checkpoint_arrays": sorted(hashes),
+            "checkpoint_arrays": _embodied_checkpoint_hashes(wd),
         })  # fmt: skip
     return out
+
+
+def _embodied_checkpoint_hashes(wd: Path) -> list[str]:
+    """Sorted SHA-1s of every array (scalars too) of every kept checkpoint: the RL state and
+    the replay. An empty replay (mode `real`) counts as the zero-length placeholder array the
+    `.npz` checkpoints before Orbax's held, so fingerprints of either layout compare."""
+    import jax
+
+    from wmrl.experiment.checkpoint import RunCheckpointer
+
+    sha = lambda a: hashlib.sha1(np.asarray(a).tobytes()).hexdigest()[:16]
+    ckpt = RunCheckpointer(wd, keep=2)
+    hashes = []
+    for step in ckpt.all_steps():
+        raw = ckpt.read_raw(step)
+        hashes += [sha(x) for x in jax.tree.leaves(raw.state)]
+        replay = jax.tree.leaves(raw.host) if raw.host is not None else []
+        hashes += [sha(x) for x in replay] or [sha(np.zeros(0))]
+    ckpt.close()
+    return sorted(hashes)
 
 
 def differences(a, b, path: str = "") -> list[str]:
