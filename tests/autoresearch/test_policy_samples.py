@@ -152,7 +152,7 @@ def test_k0_is_todays_pipeline(built, tmp_path):
             "wm.policy_samples_per_task"
         ]
     shared = base.init_dir
-    rep = stages._done(stages.epath.Path(shared) / "wm_pretrain", base)
+    rep = stages.stage_done(stages.epath.Path(shared) / "wm_pretrain", base)
     assert "policy_validation" not in rep and "policy_fit_examples" not in rep
     train_ids = {t.id for t in s.prepared.train_tasks}
     corpus = [

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.rl_fixtures import tiny_config
 from wmrl.autoresearch import config as rlconfig
-from wmrl.autoresearch import experiment, model_setup, stages
+from wmrl.autoresearch import experiment, model_setup, stages, wm_pretraining
 from wmrl.config_errors import ConfigError
 
 
@@ -19,18 +19,18 @@ def test_within_task_concordance_by_hand():
     s = np.array([0.8, 0.9, 0.1, 0.3, 0.5, 0.3])
     y = np.array([0.9, 0.5, 0.1, 0.6, 0.6, 0.2])
     g = np.array([0, 0, 0, 1, 1, 1])
-    assert stages.within_task_concordance(s, y, g) == pytest.approx(3.5 / 5)
-    assert stages.within_task_concordance(-s, y, g) == pytest.approx(1.5 / 5)
+    assert wm_pretraining.within_task_concordance(s, y, g) == pytest.approx(3.5 / 5)
+    assert wm_pretraining.within_task_concordance(-s, y, g) == pytest.approx(1.5 / 5)
     # Pairs across tasks never count: one row per task says nothing.
-    assert stages.within_task_concordance(s[:2], y[:2], np.array([0, 1])) is None
+    assert wm_pretraining.within_task_concordance(s[:2], y[:2], np.array([0, 1])) is None
 
 
 def test_early_stopping_rule_by_hand():
-    watch = stages.EarlyStopping(patience=2)
+    watch = wm_pretraining.EarlyStopping(patience=2)
     got = [watch.update(step, v) for step, v in [(10, 0.5), (20, 0.7), (30, None), (40, 0.7)]]
     assert got == [True, True, False, False]  # an equal value is no new best
     assert watch.stop and watch.best == 0.7 and watch.best_step == 20
-    watch = stages.EarlyStopping(patience=2)
+    watch = wm_pretraining.EarlyStopping(patience=2)
     for step, v in [(10, 0.5), (20, 0.4), (30, 0.6)]:
         watch.update(step, v)
     assert not watch.stop and watch.best_step == 30
@@ -44,11 +44,14 @@ def test_stopping_rows_prefer_the_policy_samples(tmp_path):
     with_k = tiny_config(tmp_path, tmp_path, wm__policy_samples_per_task=4)
     without = tiny_config(tmp_path, tmp_path, wm__policy_samples_per_task=0)
     corpus, policy = rows([True]), rows([True, False])
-    assert stages.stopping_rows(with_k, corpus, policy) == (policy, "policy_samples")
+    assert wm_pretraining.stopping_rows(with_k, corpus, policy) == (policy, "policy_samples")
     # Not fitted on policy samples (the benchmark's control): the corpus split.
-    assert stages.stopping_rows(without, corpus, policy) == (corpus, "corpus_validation")
-    assert stages.stopping_rows(with_k, corpus, rows([False])) == (corpus, "corpus_validation")
-    assert stages.stopping_rows(with_k, None, None) == (None, None)
+    assert wm_pretraining.stopping_rows(without, corpus, policy) == (corpus, "corpus_validation")
+    assert wm_pretraining.stopping_rows(with_k, corpus, rows([False])) == (
+        corpus,
+        "corpus_validation",
+    )
+    assert wm_pretraining.stopping_rows(with_k, None, None) == (None, None)
 
 
 @pytest.mark.parametrize(
@@ -64,8 +67,8 @@ def test_bad_fields_are_named(tmp_path, field, value):
 
 
 def test_wm_seed(tmp_path):
-    assert stages.wm_seed(tiny_config(tmp_path, tmp_path, seed=3)) == 4  # the old seed + 1
-    assert stages.wm_seed(tiny_config(tmp_path, tmp_path, seed=3, wm__seed=11)) == 11
+    assert wm_pretraining.wm_seed(tiny_config(tmp_path, tmp_path, seed=3)) == 4  # the old seed + 1
+    assert wm_pretraining.wm_seed(tiny_config(tmp_path, tmp_path, seed=3, wm__seed=11)) == 11
 
 
 def test_stage_saved_before_the_fields_loads_as_a_fixed_step_count(tmp_path):
@@ -99,11 +102,13 @@ def test_pretraining_stops_and_keeps_the_best_parameters(rl_shared, tmp_path, mo
         seen.append(jax.tree.map(np.asarray, params))
         return {"concordance": next(values), "within_task_spearman": None, "mse": 0.0}
 
-    monkeypatch.setattr(stages, "ranking_figures", scripted)
+    monkeypatch.setattr(wm_pretraining, "ranking_figures", scripted)
     vocab = model_setup.vocab_size(config, s.prepared.tokenizer)
-    wm = model_setup.build_wm(config, vocab, model_setup.adam(1e-3),
-                              model_setup.make_rl_mesh(config), stages.wm_seed(config))  # fmt: skip
-    params, report = stages.pretrain_wm(config, s.prepared, wm, tmp_path / "wm_pretrain", False)
+    mesh, seed = model_setup.make_rl_mesh(config), wm_pretraining.wm_seed(config)
+    wm = model_setup.build_wm(config, vocab, model_setup.adam(1e-3), mesh, seed)
+    params, report = wm_pretraining.pretrain_wm(
+        config, s.prepared, wm, tmp_path / "wm_pretrain", False
+    )
     assert report["steps_trained"] == 4 and report["best_step"] == 2
     assert report["pretrain_steps"] == 10
     es = report["early_stopping"]
@@ -112,5 +117,5 @@ def test_pretraining_stops_and_keeps_the_best_parameters(rl_shared, tmp_path, mo
     best, last = seen[1], seen[3]
     same = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, a, b)))
     assert same(jax.tree.map(np.asarray, params), best) and not same(best, last)
-    loaded, _ = stages.pretrain_wm(config, s.prepared, wm, tmp_path / "wm_pretrain", False)
+    loaded, _ = wm_pretraining.pretrain_wm(config, s.prepared, wm, tmp_path / "wm_pretrain", False)
     assert same(jax.tree.map(np.asarray, loaded), best)  # the saved stage holds them too

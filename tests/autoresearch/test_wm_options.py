@@ -6,7 +6,7 @@ import numpy as np
 from scipy import stats
 
 from tests.support.rl_fixtures import tiny_config
-from wmrl.autoresearch import model_setup, stages, wm_metrics
+from wmrl.autoresearch import model_setup, wm_metrics, wm_pretraining
 
 
 def test_within_task_spearman_hand_numbers():
@@ -23,7 +23,7 @@ def test_within_task_spearman_hand_numbers():
 def test_grouped_rows_draw_tasks_times_their_scripts():
     group = np.repeat(np.arange(5), 7)
     rng = np.random.default_rng(0)
-    idx = stages.grouped_rows(rng, group, 16, 4)
+    idx = wm_pretraining.grouped_rows(rng, group, 16, 4)
     assert idx.shape == (16,)
     blocks = group[idx].reshape(4, 4)
     assert np.all(blocks == blocks[:, :1])  # each block of 4 rows is one task
@@ -51,8 +51,8 @@ def test_wm_trunk_from_policy_copies_the_policy_weights(tmp_path):
 def test_split_validation_holds_out_every_kth_script_of_each_task():
     rows = {"script_index": np.tile(np.arange(8), 3), "group": np.repeat(np.arange(3), 8)}
     rows["x"] = np.arange(24)
-    fit, val = stages.split_validation(rows, 4)
+    fit, val = wm_pretraining.split_validation(rows, 4)
     assert sorted(val["script_index"].tolist()) == [3, 3, 3, 7, 7, 7]
     assert len(fit["x"]) == 18 and not set(fit["x"]) & set(val["x"])
-    same, none = stages.split_validation(rows, 0)
+    same, none = wm_pretraining.split_validation(rows, 0)
     assert none is None and same is rows

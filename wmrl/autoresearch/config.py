@@ -160,7 +160,7 @@ class WMConfig(Section):
     head_dim: int = setting(16, low=1)
     num_members: int = setting(4, low=1)
     pretrain_steps: int = setting(200, low=0)  # the most pretraining steps (fewer if stopped)
-    # Early stopping (wmrl.autoresearch.stages.pretrain_wm): every e > 0 steps the WM's
+    # Early stopping (wmrl.autoresearch.wm_pretraining.pretrain_wm): every e > 0 steps the WM's
     # within-task ranking of held-out rows (the held-out policy samples when the WM fits on
     # policy samples, else the corpus validation split) is measured; the best parameters are
     # kept and training stops after `pretrain_patience` measurements without a new best.

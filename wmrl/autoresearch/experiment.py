@@ -62,7 +62,7 @@ from etils import epath
 from tqdm import tqdm
 
 from wmrl import distributed, storage
-from wmrl.autoresearch import anchor_metrics, model_setup, stages
+from wmrl.autoresearch import anchor_metrics, model_setup, stages, wm_pretraining
 from wmrl.autoresearch import config as rlconfig
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch.plots import plot_run
@@ -200,7 +200,7 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
     trunk = policy_params if config.wm.trunk_from_policy else policy.state.params
     wm = model_setup.build_wm(
         config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh,
-        stages.wm_seed(config), trunk_params=trunk,
+        wm_pretraining.wm_seed(config), trunk_params=trunk,
     )  # fmt: skip
     feature_wm = None
     if config.wm.kind == "features":  # the script-feature scorer stands in for the WM
@@ -209,7 +209,7 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
         feature_wm = FeatureWM(config, prepared, samples)
         wm_params, wm_report = wm.state.params, feature_wm.report()  # no neural pretraining
     else:
-        wm_params, wm_report = stages.pretrain_wm(
+        wm_params, wm_report = wm_pretraining.pretrain_wm(
             config, prepared, wm, inits / "wm_pretrain", progress, samples=samples
         )
     return Stages(

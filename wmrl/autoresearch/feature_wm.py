@@ -119,7 +119,7 @@ class FeatureWM:
         the scorer on the held-out tasks' executed corpus (`heldout`: within-task Spearman,
         Spearman, RMSE), as the neural WM's pretraining report has them."""
         from wmrl.autoresearch.anchor_metrics import spearman
-        from wmrl.autoresearch.stages import within_task_spearman
+        from wmrl.autoresearch.wm_metrics import within_task_spearman
 
         held = {"n": len(self._heldout)}
         if self._heldout:

@@ -63,7 +63,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from wmrl.autoresearch import anchor_metrics, model_setup, stages, wm_metrics
+from wmrl.autoresearch import anchor_metrics, model_setup, stages, wm_metrics, wm_pretraining
 from wmrl.autoresearch import data as rldata
 from wmrl.benchmarks.common import machine
 from wmrl.experiment.config import set_fields
@@ -308,7 +308,7 @@ def run_variant(
     if config.wm.trunk_from_policy:
         _, trunk = warm_started(config, prepared, warm_dir or workdir)
     wm = model_setup.build_wm(config, vocab, model_setup.adam(config.wm.online_learning_rate), mesh,
-                         stages.wm_seed(config), trunk_params=trunk)  # fmt: skip
+                         wm_pretraining.wm_seed(config), trunk_params=trunk)  # fmt: skip
     stage_dir = workdir / name / "wm_pretrain"
     t0 = time.monotonic()
     on_yard = None
@@ -322,7 +322,7 @@ def run_variant(
             pred = wm_metrics.predict_rows(score_fn, params, rows, np.arange(len(rows["tokens"])))
             return yardstick_figures(scored(pairs, pred["score"], pred.get("p_timeout")))
 
-    params, report = stages.pretrain_wm(
+    params, report = wm_pretraining.pretrain_wm(
         config, prepared, wm, stage_dir, progress=True, samples=samples, monitor=on_yard
     )
     extra = {}

@@ -30,6 +30,7 @@ execution: a model of a robot, not a measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from wmrl.embodied.config import HISTORY, validate_embodied_config
 from wmrl.experiment import config as xconfig
 from wmrl.experiment import summary as summaries
 from wmrl.experiment.checkpoint import RunCheckpointer, quiet_orbax
+from wmrl.experiment.loop import run_loop
 from wmrl.experiment.renamed import upgrade_keys
 from wmrl.experiment.sections import rl_seed
 from wmrl.jsonl import StepLog, read_jsonl
@@ -97,26 +99,36 @@ def restore(ckpt: RunCheckpointer, template) -> tuple[int, dict, dict, float] | 
     return steps[-1], state, replay, meta["wall_time_s"]
 
 
-def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> dict:
-    validate_embodied_config(config)
-    quiet_orbax()
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    init = Path(config.init_dir) if config.init_dir else workdir / "init"
-    spec = stages.env_spec(config)
-    pool = rollout.EnvPool(spec)
-    train_tasks, held_tasks = stages.tasks_of(config)
+@dataclasses.dataclass
+class _Stages:
+    """What the stages before RL produce: the demos', BC's and WM pretraining's reports, the
+    WM's pretraining data (None in `real`) and the seconds they took, the RL trainer and the
+    initial RL state it starts from."""
+
+    demo_rep: dict
+    bc_rep: dict
+    wm_rep: dict | None
+    wm_data: dict | None
+    stages_s: float
+    trainer: rl.Trainer
+    template: dict
+
+
+def prepare(config, init: Path, spec, pool) -> _Stages:
+    """The stages (expert demos, behaviour cloning, WM pretraining; each loaded when done
+    with this config) and the RL trainer on their outputs."""
+    train_tasks, _ = stages.tasks_of(config)
     t_stages = time.monotonic()
     demos, demo_rep = stages.demos_stage(config, init / "demos", pool)
     graphdef, bc_params, bc_rep = stages.bc_stage(config, init / "bc", demos)
     st = rl.statics_from_config(config)
-    wspec = stages.wm_spec(config)
     if st.uses_wm:
         wm_params, wm_data, wm_rep = stages.wm_stage(
             config, init / "wm", pool, demos, graphdef, bc_params
         )
     else:  # `real` needs no world model (and spends no real episodes on its data)
-        wm_params, wm_data, wm_rep = wmodel.init_wm(wspec, config.seed + 7), None, None
+        wm_params = wmodel.init_wm(stages.wm_spec(config), config.seed + 7)
+        wm_data, wm_rep = None, None
     stages_s = time.monotonic() - t_stages
 
     policy_tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.rl.learning_rate))
@@ -141,67 +153,96 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
         wm_symmetries=stages.wm_symmetries(config, spec.velocities()),
     )
     template = rl.init_rl_state(st, bc_params, wm_params, policy_tx, wm_tx)
+    return _Stages(demo_rep, bc_rep, wm_rep, wm_data, stages_s, trainer, template)
+
+
+@dataclasses.dataclass
+class _RunState:
+    """The RL state pytree, the WM's replay of real episodes, training wall-clock so far."""
+
+    state: dict
+    replay: dict
+    wall: float
+
+
+class _Loop:
+    """The embodied side of the run loop (`wmrl.experiment.loop`): the trainer's step, timed;
+    the held-out evaluation; one Orbax checkpoint of state and replay; the step log."""
+
+    def __init__(self, config, trainer, eval_starts, log, ckpt, progress: bool):
+        self.config, self.trainer, self.eval_starts = config, trainer, eval_starts
+        self.write, self.ckpt, self.progress = log, ckpt, progress
+
+    def step(self, st: _RunState):
+        t0 = time.monotonic()
+        state, replay, m = self.trainer.step(st.state, st.replay)
+        jax.block_until_ready(state["policy"])
+        st = _RunState(state, replay, st.wall + time.monotonic() - t0)
+        if self.progress:
+            print(
+                f"[{self.config.mode}] step {int(state['step'])}/{self.config.rl.steps} "
+                f"real={m['real_executions']} reward={m['train_reward']:.3f} "
+                f"anchors={m['real_success']:.3f}",
+                flush=True,
+            )
+        return st, {**m, "wall_time_s": st.wall}, {}
+
+    def position(self, st: _RunState) -> tuple[int, float]:
+        return int(st.state["step"]), st.wall
+
+    def evaluate(self, st: _RunState, trained_s: float, settle_s: float):
+        t = int(st.state["step"])
+        ev = evaluate(self.trainer, st.state["policy"], self.eval_starts, self.config.seed)
+        if self.progress:
+            print(f"[{self.config.mode}] eval step {t}: held-out {ev['heldout_success']:.3f}",
+                  flush=True)  # fmt: skip
+        counts = {k: int(st.state[k]) for k in ("real_executions", "wm_episodes")}
+        return st, {"step": t, **counts, "wall_time_s": trained_s, **ev}
+
+    def save(self, st: _RunState) -> None:
+        t = int(st.state["step"])
+        self.ckpt.save(t, st.state, {"step": t, "wall_time_s": st.wall}, host=st.replay)
+
+    def log(self, name: str, records: list[dict], step: int) -> None:
+        self.write(name, records, step)
+
+
+def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> dict:
+    """Run (or resume) the whole pipeline; returns the summary."""
+    validate_embodied_config(config)
+    quiet_orbax()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    init = Path(config.init_dir) if config.init_dir else workdir / "init"
+    spec = stages.env_spec(config)
+    pool = rollout.EnvPool(spec)
+    s = prepare(config, init, spec, pool)
+    _, held_tasks = stages.tasks_of(config)
     eval_starts = rollout.sample_starts(
         np.random.default_rng([config.seed, 999]), held_tasks, config.rl.eval_episodes, spec
     )
     ckpt = RunCheckpointer(workdir, CHECKPOINTS_KEPT)
-    restored = restore(ckpt, template)
+    restored = restore(ckpt, s.template)
     # Records stamped with the step that wrote them and cut by it on resume, as the
     # AutoResearch run's (`wmrl.jsonl.StepLog`).
     step_log = StepLog(workdir, ("metrics.jsonl",))
     step_log.restart_at(None if restored is None else restored[0])
     records = read_metrics(workdir)
 
-    def log(rec, step: int):
-        records.extend(step_log.write("metrics.jsonl", [rec], step))
+    def log(name: str, recs: list[dict], step: int) -> None:
+        records.extend(step_log.write(name, recs, step))
 
+    loop = _Loop(config, s.trainer, eval_starts, log, ckpt, progress)
     if restored is not None:
-        _, state, replay, wall = restored
+        st = _RunState(*restored[1:])
     else:
-        state = template
-        replay = wm_data if wm_data is not None else {}
-        wall = 0.0
-        ev = evaluate(trainer, state["policy"], eval_starts, config.seed)
-        base = {"kind": "eval", "step": 0, "real_executions": 0, "wm_episodes": 0}
-        log({**base, "wall_time_s": 0.0, **ev}, 0)
-
-    steps = config.rl.steps
-    while int(state["step"]) < steps:
-        t0 = time.monotonic()
-        state, replay, m = trainer.step(state, replay)
-        jax.block_until_ready(state["policy"])
-        wall += time.monotonic() - t0
-        t = int(state["step"])
-        log({"kind": "step", **m, "wall_time_s": wall}, t)
-        if progress:
-            print(
-                f"[{config.mode}] step {t}/{steps} real={m['real_executions']} "
-                f"reward={m['train_reward']:.3f} anchors={m['real_success']:.3f}",
-                flush=True,
-            )
-        if t % config.rl.eval_every == 0 or t == steps:
-            ev = evaluate(trainer, state["policy"], eval_starts, config.seed)
-            log(
-                {
-                    "kind": "eval",
-                    "step": t,
-                    "real_executions": int(state["real_executions"]),
-                    "wm_episodes": int(state["wm_episodes"]),
-                    "wall_time_s": wall,
-                    **ev,
-                },
-                t,
-            )
-            if progress:
-                print(
-                    f"[{config.mode}] eval step {t}: held-out {ev['heldout_success']:.3f}",
-                    flush=True,
-                )
-        if t % config.rl.checkpoint_every == 0 or t == steps:
-            ckpt.save(t, state, {"step": t, "wall_time_s": wall}, host=replay)
+        st = _RunState(s.template, s.wm_data if s.wm_data is not None else {}, 0.0)
+        st, ev = loop.evaluate(st, 0.0, 0.0)  # the warm start, step 0
+        log("metrics.jsonl", [{"kind": "eval", **ev}], 0)
+    st = run_loop(loop, st, config.rl.steps, config.rl.eval_every, config.rl.checkpoint_every)
     step_log.close()
     ckpt.close()
-    summary = make_summary(config, records, demo_rep, bc_rep, wm_rep, stages_s)
+    summary = make_summary(config, records, s.demo_rep, s.bc_rep, s.wm_rep, s.stages_s)
     if write_outputs:
         from wmrl.embodied.plots import plot_run
 
