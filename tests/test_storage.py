@@ -130,7 +130,7 @@ def test_stage_params_round_trip_through_orbax_on_gs(fake_gcs):
     names = fake_gcs.listing(stage_dir)
     assert "done.json" in names and "params/commit_success.txt" in names
     assert ("tensorstore", "put") in fake_gcs.requests  # the arrays went by the JSON API
-    assert stages._done(stage_dir, config)["final_nll"] == 1.5
+    assert stages.stage_done(stage_dir, config)["final_nll"] == 1.5
     restored = stages.load_params(stage_dir, params)
     for k, v in params.items():
         np.testing.assert_array_equal(np.asarray(restored[k]), v)

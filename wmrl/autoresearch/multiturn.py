@@ -346,10 +346,9 @@ class MultiTurnTrainer(Trainer):
         log-probs, and the trajectory-level exchange record."""
         N = len(ep.scripts[0])
         rows = {k: np.concatenate([r[k] for r in ep.rows], axis=0) for k in ep.rows[0]}
-        ref_logp = self.logprobs(
+        ref_logp = self.logprobs(  # stays on device, into the policy step
             st.ref_params, jnp.asarray(rows["tokens"]), jnp.asarray(rows["input_mask"])
         )
-        ref_logp = distributed.process_allgather_to_numpy(ref_logp)
         r_env, status, _ = best_of_turns(ep.reward, ep.status)
         anchor = routed.anchor_rows
         r_env = np.where(anchor, r_env, 0.0).astype(np.float32)

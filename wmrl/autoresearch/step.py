@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
 from wmrl.autoresearch.env.grader import Status, static_outcome
@@ -53,7 +54,7 @@ class Scored(NamedTuple):
     """score: what is computed while the anchors execute."""
 
     r_wm: np.ndarray  # [N] float32 raw WM scores (zeros without a WM)
-    ref_logp: np.ndarray  # [N, L] reference policy's log-probs
+    ref_logp: jax.Array  # [N, L] reference policy's log-probs (on device)
     # [N] the WM's P(timeout) under each row's limit (None: no runtime head, or no WM)
     p_timeout: np.ndarray | None = None
 
@@ -64,7 +65,7 @@ class Exchanged(NamedTuple):
     spliced in with their sampling log-probs and WM scores)."""
 
     rows: dict  # as Sampled.rows
-    ref_logp: np.ndarray  # [N, L]
+    ref_logp: jax.Array  # [N, L] (on device)
     r_wm: np.ndarray  # [N]
     r_env: np.ndarray  # [N] float32 real rewards (anchor positions)
     status: np.ndarray  # [N] int32 (UNGRADED outside the anchor positions)

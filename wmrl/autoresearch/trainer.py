@@ -369,8 +369,7 @@ class Trainer:
                 wm_out = self._wm_predict(st, s)
         with clock("train_s"):
             tokens, mask = jnp.asarray(s.rows["tokens"]), jnp.asarray(s.rows["input_mask"])
-            ref_logp = self.logprobs(st.ref_params, tokens, mask)
-            ref_logp = distributed.process_allgather_to_numpy(ref_logp)
+            ref_logp = self.logprobs(st.ref_params, tokens, mask)  # stays on device
         n = len(s.scripts)
         r_wm = wm_out["score"] if wm_out is not None else np.zeros(n, np.float32)
         p_timeout = wm_out.get("p_timeout") if wm_out is not None else None
@@ -386,7 +385,8 @@ class Trainer:
         x = no_exchange(s, sc, self.no_pending)
         if self.anchors.lag and len(ex):
             x = x._replace(pending=Pending(
-                step=np.int64(s.step), rows=ex.astype(np.int64), ref_logp=sc.ref_logp[ex],
+                step=np.int64(s.step), rows=ex.astype(np.int64),
+                ref_logp=distributed.process_allgather_to_numpy(sc.ref_logp[ex]),  # checkpointed
                 r_wm=np.asarray(sc.r_wm, np.float32)[ex], p_timeout=x.p_timeout[ex],
                 **{k: s.rows[k][ex] for k in TOKEN_ARRAYS},
             ).padded(self.num_anchor_rows))  # fmt: skip
@@ -406,9 +406,9 @@ class Trainer:
         if got.step != s.step:  # the previous step's rows, spliced in
             for k in TOKEN_ARRAYS:
                 s.rows[k][idx] = getattr(prev, k)
-            ref_logp, r_wm = np.array(x.ref_logp), np.array(x.r_wm, np.float32)  # writable
-            p_timeout = np.array(x.p_timeout, np.float32)
-            ref_logp[idx], r_wm[idx], p_timeout[idx] = prev.ref_logp, prev.r_wm, prev.p_timeout
+            ref_logp = x.ref_logp.at[idx].set(prev.ref_logp)  # on device
+            r_wm, p_timeout = np.array(x.r_wm, np.float32), np.array(x.p_timeout, np.float32)
+            r_wm[idx], p_timeout[idx] = prev.r_wm, prev.p_timeout
             x = x._replace(ref_logp=ref_logp, r_wm=r_wm, p_timeout=p_timeout)
             tasks = self._tasks_for_rows(got.step, prev.rows)
             for i, row, task in zip(idx, prev.rows, tasks, strict=True):
