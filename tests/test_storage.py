@@ -16,6 +16,7 @@ from tests.support.rl_fixtures import ROOT, load_config, tiny_config
 from wmrl import storage
 from wmrl.autoresearch import stages
 from wmrl.autoresearch.anchors import AnchorJournal
+from wmrl.experiment import stages as xstages
 from wmrl.jsonl import JsonlWriter, read_jsonl
 
 pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
@@ -131,7 +132,7 @@ def test_stage_params_round_trip_through_orbax_on_gs(fake_gcs):
     assert "done.json" in names and "params/commit_success.txt" in names
     assert ("tensorstore", "put") in fake_gcs.requests  # the arrays went by the JSON API
     assert stages.stage_done(stage_dir, config)["final_nll"] == 1.5
-    restored = stages.load_params(stage_dir, params)
+    restored = xstages.load_params(stage_dir, params)
     for k, v in params.items():
         np.testing.assert_array_equal(np.asarray(restored[k]), v)
 

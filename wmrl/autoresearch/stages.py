@@ -97,11 +97,6 @@ def save_params(stage_dir: epath.Path, params, report: dict, config) -> None:
     xstages.finish(stage_dir, report, _fingerprint(config, stage_dir.name))
 
 
-def load_params(stage_dir: epath.Path, like):
-    """Restore params into the shardings of `like` (an abstract or concrete params tree)."""
-    return xstages.load_params(stage_dir, like)
-
-
 def sft_rows(config, prepared: rldata.Prepared) -> dict:
     """SFT examples (training tasks only) that fit the context; see `data.sft_documents`.
     Multi-turn (env.turns > 1): also every turn of the executed SFT episodes, prompted with
@@ -180,7 +175,7 @@ def warm_start(config, prepared, policy: model_setup.Model, stage_dir: epath.Pat
     """SFT the policy on the corpus; returns (policy params, report)."""
     report = stage_done(stage_dir, config)
     if report is not None:
-        return load_params(stage_dir, policy.state.params), report
+        return xstages.load_params(stage_dir, policy.state.params), report
     if config.policy.sft_steps == 0:  # RL straight from the initial (e.g. pretrained) policy
         return policy.state.params, {"sft_steps": 0, "sft_examples": 0, "final_nll": None}
     rows = sft_rows(config, prepared)

@@ -18,7 +18,6 @@ from tqdm import tqdm
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch import model_setup, pretrained
 from wmrl.autoresearch.stages import (
-    load_params,
     policy_sample_rows,
     prompt_buckets,
     save_params,
@@ -27,6 +26,7 @@ from wmrl.autoresearch.stages import (
     trim_prompts,
 )  # fmt: skip
 from wmrl.autoresearch.wm_metrics import predict_rows, within_task_spearman, wm_report
+from wmrl.experiment import stages as xstages
 
 
 def wm_rows(config, prepared, split: str) -> dict:
@@ -130,7 +130,7 @@ def pretrain_wm(
     under `monitor` (the benchmark's learning curves; nothing depends on them)."""
     report = stage_done(stage_dir, config)
     if report is not None:
-        return load_params(stage_dir, wm.state.params), report
+        return xstages.load_params(stage_dir, wm.state.params), report
     from wmrl.models.train_steps import make_wm_score_fn
 
     train, held = wm_rows(config, prepared, "train"), wm_rows(config, prepared, "heldout")

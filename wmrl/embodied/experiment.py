@@ -114,10 +114,9 @@ class _Stages:
     template: dict
 
 
-def prepare(config, init: Path, spec, pool) -> _Stages:
+def prepare(config, init: Path, spec, pool, train_tasks) -> _Stages:
     """The stages (expert demos, behaviour cloning, WM pretraining; each loaded when done
-    with this config) and the RL trainer on their outputs."""
-    train_tasks, _ = stages.tasks_of(config)
+    with this config) and the RL trainer on their outputs, sampling `train_tasks`."""
     t_stages = time.monotonic()
     demos, demo_rep = stages.demos_stage(config, init / "demos", pool)
     graphdef, bc_params, bc_rep = stages.bc_stage(config, init / "bc", demos)
@@ -171,7 +170,7 @@ class _Loop:
 
     def __init__(self, config, trainer, eval_starts, log, ckpt, progress: bool):
         self.config, self.trainer, self.eval_starts = config, trainer, eval_starts
-        self.write, self.ckpt, self.progress = log, ckpt, progress
+        self.log, self.ckpt, self.progress = log, ckpt, progress  # log(name, records, step)
 
     def step(self, st: _RunState):
         t0 = time.monotonic()
@@ -203,9 +202,6 @@ class _Loop:
         t = int(st.state["step"])
         self.ckpt.save(t, st.state, {"step": t, "wall_time_s": st.wall}, host=st.replay)
 
-    def log(self, name: str, records: list[dict], step: int) -> None:
-        self.write(name, records, step)
-
 
 def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> dict:
     """Run (or resume) the whole pipeline; returns the summary."""
@@ -216,8 +212,8 @@ def run(config, workdir, progress: bool = False, write_outputs: bool = True) -> 
     init = Path(config.init_dir) if config.init_dir else workdir / "init"
     spec = stages.env_spec(config)
     pool = rollout.EnvPool(spec)
-    s = prepare(config, init, spec, pool)
-    _, held_tasks = stages.tasks_of(config)
+    train_tasks, held_tasks = stages.tasks_of(config)
+    s = prepare(config, init, spec, pool, train_tasks)
     eval_starts = rollout.sample_starts(
         np.random.default_rng([config.seed, 999]), held_tasks, config.rl.eval_episodes, spec
     )
