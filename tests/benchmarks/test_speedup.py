@@ -84,6 +84,12 @@ def test_analyse_reports_the_executions_ratios(tmp_path):
     text = speedup.format_table(out)
     assert "executions_to_target_ratio (real / wmrl, same target): 8.00" in text
     assert "pretraining executions (12): 2.00" in text
+    # Over seeds the count is a mean (12 and 13 executions: 12.5), printed as one.
+    other = speedup.analyse(runs)
+    other["wm_pretraining_executions"] = {"wmrl": 13}
+    over = speedup.aggregate([out, other], [0, 1])
+    assert over["wm_pretraining_executions"] == {"wmrl": 12.5}
+    assert "pretraining executions (12.5): " in speedup.format_table(over)
 
 
 def test_reward_at_equal_wall_clock():
