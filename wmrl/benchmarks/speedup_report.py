@@ -14,9 +14,9 @@ def _fmt(v, spec: str, none: str = "-") -> str:
     return none if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def _count(v) -> str:
-    """The format of an execution count: an int for one run, a mean over seeds otherwise."""
-    return "d" if isinstance(v, int) else ".1f"
+def _fmt_count(v) -> str:
+    """An execution count: an int for one run, a mean over seeds (one decimal) otherwise."""
+    return _fmt(v, "d" if isinstance(v, int) else ".1f")
 
 
 def table(result: dict) -> list[dict]:
@@ -43,10 +43,9 @@ def format_table(result: dict) -> str:
     lines = [f"means over {len(seeds)} seeds (intervals below)"] if len(seeds) > 1 else []
     lines.append(head)
     for r in table(result):
-        count = _count(r["real_executions"])
         lines.append(
             f"{r['mode']:<14}{_fmt(r['final_heldout_reward'], '.4f'):>15}"
-            f"{_fmt(r['wall_time_s'], '.1f'):>14}{_fmt(r['real_executions'], count):>12}"
+            f"{_fmt(r['wall_time_s'], '.1f'):>14}{_fmt_count(r['real_executions']):>12}"
             f"{_fmt(r['time_to_real_final_s'], '.1f', 'never'):>17}"
             f"{_fmt(r['speedup'], '.2f') + ('x' if r['speedup'] else ''):>9}"
         )
@@ -61,7 +60,7 @@ def format_table(result: dict) -> str:
         + (f"  ({result['time_to_target_note']})" if result["time_to_target_note"] else ""),
         f"executions_to_target_ratio (real / wmrl, same target): "
         f"{_fmt(result.get('executions_to_target_ratio'), '.2f')}; counting wmrl's WM "
-        f"pretraining executions ({_fmt(pre_wmrl, _count(pre_wmrl))}): "
+        f"pretraining executions ({_fmt_count(pre_wmrl)}): "
         f"{_fmt(result.get('executions_to_target_ratio_with_pretraining'), '.2f')}",
         f"held-out reward at equal wall-clock {result['equal_wall_clock_s']:.1f}s: "
         + ", ".join(
