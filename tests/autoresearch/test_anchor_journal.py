@@ -4,13 +4,20 @@ lost with it on the next read)."""
 
 import json
 
-from wmrl.autoresearch.anchors import AnchorJournal, _sha
+from wmrl.autoresearch.anchors import AnchorJournal, script_sha
 
 
 def test_record_after_a_torn_tail_survives(tmp_path):
     path = tmp_path / "anchors.jsonl"
-    whole = {"step": 0, "row": 0, "sha": _sha("a"), "task_id": "t", "status": 3, "reward": 0.5}
-    torn = json.dumps({**whole, "row": 1, "sha": _sha("b")})[:25]  # a kill mid-write
+    whole = {
+        "step": 0,
+        "row": 0,
+        "sha": script_sha("a"),
+        "task_id": "t",
+        "status": 3,
+        "reward": 0.5,
+    }
+    torn = json.dumps({**whole, "row": 1, "sha": script_sha("b")})[:25]  # a kill mid-write
     path.write_text(json.dumps(whole) + "\n" + torn)
     journal = AnchorJournal(path)
     assert set(journal.done) == {(0, 0)}  # the torn record is not a completed execution

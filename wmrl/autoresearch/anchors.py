@@ -28,7 +28,7 @@ from wmrl.autoresearch.state import Pending
 from wmrl.jsonl import JsonlWriter, read_jsonl
 
 
-def _sha(text: str) -> str:
+def script_sha(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
@@ -57,7 +57,7 @@ class AnchorJournal:
 
     def lookup(self, step: int, row: int, script: str) -> dict | None:
         rec = self.done.get((step, row))
-        return rec if rec is not None and rec["sha"] == _sha(script) else None
+        return rec if rec is not None and rec["sha"] == script_sha(script) else None
 
     def record(
         self, step: int, row: int, script: str, task_id: str, status: int, reward,
@@ -69,7 +69,7 @@ class AnchorJournal:
         `ExecutionResult.benchmark`) are optional, and records of older journals lack them."""
         if reward is not None and math.isnan(reward):
             reward = None
-        rec = {"step": step, "row": row, "sha": _sha(script), "task_id": task_id,
+        rec = {"step": step, "row": row, "sha": script_sha(script), "task_id": task_id,
                "status": int(status), "reward": reward}  # fmt: skip
         if runtime_s is not None and math.isfinite(runtime_s):
             rec["runtime_s"] = float(runtime_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -28,6 +29,13 @@ def rl_sampling(config, tok, num_samples: int) -> SamplingConfig:
         max_new_tokens=config.data.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
         num_samples=num_samples, temperature=config.rl.temperature,
     )  # fmt: skip
+
+
+def eval_key(rl_seed: int, step: int):
+    """The sampling key of the held-out evaluation at `step` of a run with RL seed `rl_seed`
+    (a stream apart from the training steps' `key(rl_seed)`): the same scripts are sampled
+    again from the step's checkpoint (`wmrl.tools.heldout_scripts`)."""
+    return jax.random.fold_in(jax.random.key(rl_seed + 1), step)
 
 
 def generate_rows(graphdef, params, tok, prompts: list[str], prompt_len: int, sc, key, max_len):

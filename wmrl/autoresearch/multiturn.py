@@ -481,7 +481,7 @@ class MultiTurnTrainer(Trainer):
         `heldout_improved_fraction` the fraction of episodes whose later turns beat turn 1."""
         t0 = time.monotonic()
         tasks, k, K = self.prepared.heldout_tasks, self.tc.eval_samples, self.K
-        key = jax.random.fold_in(jax.random.key(self.tc.seed + 1), st.step)
+        key = evaluation.eval_key(self.tc.seed, st.step)
         n = len(tasks) * k
         row_tasks = [t for t in tasks for _ in range(k)]
         past = [[] for _ in range(n)]

@@ -519,7 +519,7 @@ class Trainer:
         t0 = time.monotonic()
         tasks = self.prepared.heldout_tasks
         k = self.tc.eval_samples
-        key = jax.random.fold_in(jax.random.key(self.tc.seed + 1), st.step)
+        key = evaluation.eval_key(self.tc.seed, st.step)
         rows, scripts = self._generate(st.policy.params, tasks, self.eval_sc, key)
         row_tasks = [t for t in tasks for _ in range(k)]
         out = evaluation.execute_scripts(
