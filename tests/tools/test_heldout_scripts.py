@@ -28,7 +28,7 @@ def _finished_run(rl_shared, wd):
 
 @pytest.mark.real  # the tiny pipeline's stages, its sandboxed executions and checkpoints
 def test_heldout_scripts_are_the_executed_ones(rl_shared, tmp_path):
-    from wmrl.tools.heldout_scripts import heldout_scripts, run_config
+    from wmrl.tools.heldout_scripts import heldout_scripts, report, run_config
 
     wd = tmp_path / "run"
     config = _finished_run(rl_shared, wd)
@@ -57,6 +57,12 @@ def test_heldout_scripts_are_the_executed_ones(rl_shared, tmp_path):
 
     # The config rebuilt from config.json is the run's; other steps are refused.
     assert run_config(ROOT / "configs" / "autoresearch_tiny.py", wd).rl.eval_samples == 6
+    # A kept checkpoint whose step was not evaluated: sampled, said so, nothing joined.
+    step, rows = heldout_scripts(config, wd, step=final - 1)
+    assert step == final - 1 and len(rows) == 6
+    assert not any(r["journalled"] or r["matches_journal"] for r in rows)
+    assert all(r["status"] is None for r in rows)
+    assert "no held-out evaluation of step 1 in the journal" in report(step, rows)
     with pytest.raises(ConfigError, match=r"step.*no checkpoint of it .*kept: \["):
         heldout_scripts(config, wd, step=final + 7)
     config.env.turns = 2

@@ -12,7 +12,8 @@ journal's outcome is joined to each matching script, and the static check
 (`wmrl.autoresearch.env.grader.static_outcome`) says which failures it would have flagged.
 
 Writes FILE (default `<workdir>/heldout_scripts.<step>.jsonl`), one row per script:
-`row`, `task_id`, `sha`, `matches_journal`, `status`, `reward`, `error_type` (the journal's;
+`row`, `task_id`, `sha`, `journalled` (the journal has that row of the step),
+`matches_journal`, `status`, `reward`, `error_type` (the journal's;
 null where the hash differs), `static` (the status name the static check gives, or null) and
 `static_reason`, `script`. Prints the matches and a table of outcome against static verdict.
 Single-turn runs only; the run's config is read from its `config.json` over `--config`
@@ -106,7 +107,8 @@ def heldout_scripts(config, workdir: str | Path, step: int | None = None) -> tup
         match = rec is not None and rec["sha"] == sha
         verdict = static_outcome(script.encode("utf-8", "surrogatepass"), names=True)
         rows.append({
-            "row": i, "task_id": tasks[i // k].id, "sha": sha, "matches_journal": match,
+            "row": i, "task_id": tasks[i // k].id, "sha": sha, "journalled": rec is not None,
+            "matches_journal": match,
             **{f: rec[f] if match else None for f in ("status", "reward", "error_type")},
             "static": None if verdict is None else verdict[0].name,
             "static_reason": None if verdict is None else verdict[1],
@@ -133,7 +135,9 @@ def report(step: int, rows: list[dict]) -> str:
         lines.append(f"{'outcome'.ljust(width)}  {'static check':<14} scripts")
         lines += [f"{o.ljust(width)}  {v:<14} {n}" for (o, v), n in table.most_common()]
     unmatched = len(rows) - len(matched)
-    if unmatched:
+    if unmatched == len(rows) and not any(r["journalled"] for r in rows):
+        lines.append(f"no held-out evaluation of step {step} in the journal (outcomes null)")
+    elif unmatched:
         lines.append(f"{unmatched} scripts differ from the journal (outcomes left null)")
     return "\n".join(lines)
 
