@@ -445,6 +445,85 @@ def test_cli_seeds_paired_differences_hand_numbers(tmp_path):
     assert "paired by seed" in proc.stdout and "wmrl - static_anchors" in proc.stdout
     proc = run_bench(bench_cmd(tmp_path, "--seeds=0"), timeout=120)
     assert proc.returncode == 2 and "--seeds" in proc.stderr
+    # Both seeds from the JSON, in a new workdir: nothing runs, the same figures.
+    merge = f"--merge={tmp_path / 'speedup.json'}"
+    proc = run_bench(bench_cmd(tmp_path / "next", "--seeds=2", merge), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RL seeds [0, 1] taken from" in proc.stdout and "shared stages ->" not in proc.stdout
+    again = json.loads((tmp_path / "next" / "speedup.json").read_text())
+    assert again["paired"] == data["paired"]
+    proc = run_bench(bench_cmd(tmp_path / "next", f"--merge={tmp_path / 'no.json'}"), timeout=120)
+    assert proc.returncode == 2 and "--merge" in proc.stderr and "no.json" in proc.stderr
+
+
+def test_merge_takes_earlier_seeds_and_pairs_them_as_one_run(tmp_path):
+    """Seed 0 measured in one workdir, seed 1 in another (two machines): `merge` gives the
+    figures of the two-seed benchmark run in one place, hand numbers of the CLI test above;
+    a JSON of another benchmark is refused naming `--merge` and what differs."""
+    from wmrl.benchmarks import speedup
+    from wmrl.config_errors import ConfigError
+
+    modes = ("real", "wmrl", "static_anchors")
+    first, second = tmp_path / "first", tmp_path / "second"
+    finished_benchmark(first, modes)
+    finished_benchmark(second, modes, 1, [ev(0, 0.2, 0, 0), ev(4, 0.65, 4, 2), ev(16, 0.7, 8, 4)])
+    config = load_config()
+    part = speedup.benchmark(config, first, modes, progress=False, out=tmp_path / "part.json")
+    assert part["per_seed"][0]["stages_fingerprint"] is None  # hand-written runs: no stages
+    data = speedup.benchmark(config, second, modes, progress=False, seeds=2,
+                             merge=[tmp_path / "part.json"])  # fmt: skip
+    assert data["process_s"]["reused"] == [f"{m}-seed1" for m in modes]  # seed 0 not rerun
+    assert data["seeds"] == [0, 1] and data["merged"]["seeds"] == [0]
+    assert data["per_seed"][0]["merged_from"] == str(tmp_path / "part.json")
+    pair = data["paired"]["wmrl - static_anchors"]["heldout_reward_time_average"]
+    assert pair["per_seed"] == pytest.approx([0.05, 0.27])
+    assert pair["ci95"] == pytest.approx(t_interval([0.05, 0.27])[1])
+    assert data["over_seeds"]["time_to_target_ratio"]["per_seed"] == pytest.approx([5.0, 10.0])
+    assert data["final_heldout_reward"]["wmrl"] == pytest.approx(0.6)
+    assert data["curves"]["wmrl"][1]["heldout_reward"] == 0.45  # seed 0's, from the JSON
+    assert data["stages_shared"] is True and "merged_from" not in data
+    # The merged JSON merges again: all its seeds from it, nothing runs.
+    again = speedup.benchmark(config, tmp_path / "empty", modes, progress=False, seeds=2,
+                              merge=[second / "speedup.json"])  # fmt: skip
+    assert again["paired"] == data["paired"] and again["process_s"]["modes_s"] == {}
+    refused = [
+        (dict(budget_s=60.0), "--budget_s=None, this one 60.0"),
+        (dict(seeds=1, merge=[second / "speedup.json"]), "outside --seeds=1"),
+        (dict(modes=("real", "wmrl")), "ran modes"),
+        (dict(merge=[tmp_path / "part.json", tmp_path / "part.json"]), "in two files"),
+    ]
+    for kwargs, message in refused:
+        kwargs = {"modes": modes, "seeds": 2, "merge": [tmp_path / "part.json"], **kwargs}
+        with pytest.raises(ConfigError, match=r"--merge") as e:
+            speedup.benchmark(config, tmp_path / "x", progress=False, **kwargs)
+        assert message in str(e.value)
+    other = load_config()
+    other.rl.group_size = 2 * config.rl.group_size
+    with pytest.raises(ConfigError, match=r"rl\.group_size"):
+        speedup.benchmark(other, tmp_path / "x", modes, progress=False, seeds=2,
+                          merge=[tmp_path / "part.json"])  # fmt: skip
+
+
+def test_stages_fingerprint_is_the_params_bits(tmp_path):
+    """The digest of saved params: equal for the same bits saved twice, different for one
+    changed bit; for a one-leaf tree, the sha256 of its layout and bytes written out."""
+    import hashlib
+
+    from wmrl.benchmarks import speedup
+    from wmrl.experiment import stages as xstages
+
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    for name in ("a/warmstart", "b/warmstart", "c/warmstart"):
+        xstages.save_params(tmp_path / name, params)
+    flipped = params["w"].copy()
+    flipped.view(np.uint32)[0, 0] ^= 1
+    xstages.save_params(tmp_path / "c" / "wm_pretrain", {"w": flipped})
+    by_hand = hashlib.sha256(b"['w']:float32:(2, 3);" + params["w"].tobytes()).hexdigest()
+    assert xstages.params_digest(tmp_path / "a" / "warmstart") == by_hand
+    assert speedup.stages_fingerprint(tmp_path / "b") == {"warmstart": by_hand}
+    c = speedup.stages_fingerprint(tmp_path / "c")
+    assert c["warmstart"] == by_hand and c["wm_pretrain"] != by_hand
+    assert speedup.stages_fingerprint(tmp_path / "missing") is None
 
 
 def test_seed_configs_share_the_stages(tmp_path):

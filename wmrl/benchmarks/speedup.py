@@ -1,7 +1,7 @@
 """Wall-clock speedup of WMRL over standard GRPO (`real`) on Mini AutoResearch.
 
     python -m wmrl.benchmarks.speedup --workdir=DIR [--budget_s=S] [--seeds=N] [--out=FILE.json]
-        [--ablations | --modes=real,wmrl,...] [--steps=N] [--eval_samples=K]
+        [--ablations | --modes=real,wmrl,...] [--steps=N] [--eval_samples=K] [--merge=A.json,..]
         [--config=configs/autoresearch_tiny.py --config.rl.steps=...]
 
 Runs the shared stages once into DIR/shared (the data stage in DIR/shared/data, the warm start
@@ -30,6 +30,16 @@ the mean per-seed difference and its interval, e.g. the time-averaged held-out r
 wall-clock; `time_to_target_ratio` is itself a per-seed ratio, in `over_seeds`). The JSON's
 older keys keep their shapes and hold the mean over seeds (None where a seed has None; with
 one seed, that seed's values); `curves` holds the first seed's curves.
+
+A benchmark longer than one machine's lifetime is run in parts: `--merge=EARLIER.json` takes
+the seeds an earlier run of the same benchmark already measured from that JSON's `per_seed`
+(same config fields, budget and modes, else refused naming them) and runs only the others,
+so `--seeds=5 --merge=seeds01.json` runs seeds 2-4 and reports all five, paired and over
+seeds as if they had run together. Every seed records `stages_fingerprint`, the sha256 of the
+shared stages' parameters (`wmrl.experiment.stages.params_digest`, per stage), and the JSON
+says whether all its seeds share one (`stages_shared`): deterministic stages rebuilt on
+another machine give the same bits, and where they do not, the JSON says so instead of
+pairing across different warm starts silently.
 
 Multi-turn configs (`env.turns` > 1, `configs/autoresearch_multiturn.py`) run unchanged; the
 JSON adds per mode the held-out reward of turn 1 and of the best of K turns, their difference
@@ -151,7 +161,7 @@ PAIRED_FIGURES = (
 EVAL_SAMPLES = 5
 
 # Keys that are not figures: the first seed's value at the top level.
-FIRST_SEED_KEYS = ("curves", "config", "machine", "budget_s")
+FIRST_SEED_KEYS = ("curves", "config", "machine", "budget_s", "stages_fingerprint")
 
 
 # -- the analysis --------------------------------------------------------------------------
@@ -357,7 +367,7 @@ def aggregate(results: list[dict], seeds: list[int]) -> dict:
     else:
         first = results[0]
         out = {
-            k: first[k] if k in FIRST_SEED_KEYS else _mean_over_seeds([r[k] for r in results])
+            k: first[k] if k in FIRST_SEED_KEYS else _mean_over_seeds([r.get(k) for r in results])
             for k in first
         }
         notes = [
@@ -366,6 +376,7 @@ def aggregate(results: list[dict], seeds: list[int]) -> dict:
             if r["time_to_target_note"]
         ]
         out["time_to_target_note"] = "; ".join(notes) or None
+    out.pop("merged_from", None)  # a seed's own (per_seed), not the benchmark's
     out["seeds"] = list(seeds)
     out["over_seeds"] = over_seeds(results)
     out["paired"] = paired(results)
@@ -376,20 +387,98 @@ def aggregate(results: list[dict], seeds: list[int]) -> dict:
     return out
 
 
+def stages_fingerprint(init_dir) -> dict | None:
+    """`{stage: sha256 of its params}` for every stage under `init_dir` that saved params
+    (the warm start, the pretrained WM), or None where there is none."""
+    from etils import epath
+
+    from wmrl.experiment import stages as xstages
+
+    root = epath.Path(init_dir)
+    if not root.is_dir():
+        return None
+    out = {
+        d.name: xstages.params_digest(d)
+        for d in sorted(root.iterdir(), key=lambda d: d.name)
+        if d.is_dir() and xstages.has_params(d)
+    }
+    return out or None
+
+
+def earlier_seeds(paths, config, budget_s, modes, seeds: int) -> dict[int, dict]:
+    """`{seed index: result}` from earlier benchmark JSONs (`--merge`): each `per_seed` entry
+    with its file's config and machine, checked against this benchmark (the config fields of
+    `CONFIG_KEYS` but the RL seed, the budget, the modes, the seed range); a mismatch or a
+    seed two files both hold is a `ConfigError` naming `--merge` and the file."""
+    from wmrl.config_errors import ConfigError
+
+    want = json.loads(json.dumps(_config_fields(config)))
+    first_seed = seeds_of(config, 1)[0]
+    out = {}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError("--merge", f"{path}: not a readable benchmark JSON ({e})") from e
+        if not isinstance(data, dict) or not isinstance(data.get("per_seed"), list):
+            raise ConfigError("--merge", f"{path}: no 'per_seed' (not a speedup benchmark JSON)")
+        if data.get("budget_s") != budget_s:
+            raise ConfigError(
+                "--merge", f"{path} ran --budget_s={data.get('budget_s')}, this one {budget_s}"
+            )
+        theirs = data.get("config") or {}
+        fields = [k for k in CONFIG_KEYS if k != "rl.seed" and theirs.get(k) != want.get(k)]
+        if fields:
+            diff = ", ".join(f"{k}: {theirs.get(k)!r} here {want.get(k)!r}" for k in fields)
+            raise ConfigError("--merge", f"{path} ran another benchmark ({diff})")
+        for entry in data["per_seed"]:
+            index = entry["seed"] - first_seed
+            if sorted(entry["final_heldout_reward"]) != sorted(modes):
+                raise ConfigError(
+                    "--merge", f"{path} seed {entry['seed']} ran modes "
+                    f"{sorted(entry['final_heldout_reward'])}, this one {sorted(modes)}",
+                )  # fmt: skip
+            if not 0 <= index < seeds:
+                raise ConfigError(
+                    "--merge", f"{path} holds RL seed {entry['seed']}, outside --seeds={seeds}"
+                )
+            if index in out:
+                raise ConfigError("--merge", f"RL seed {entry['seed']} is in two files")
+            result = {k: v for k, v in entry.items() if k != "seed"}
+            out[index] = {**result, "config": theirs, "machine": data.get("machine"),
+                          "merged_from": str(path)}  # fmt: skip
+    return out
+
+
 def benchmark(config, workdir, modes=MODES, budget_s=None, steps=None, out=None,
               progress=True, log_to_files=False, seeds: int = 1,
-              eval_samples: int | None = None) -> dict:  # fmt: skip
-    """Run (or resume, or reuse) the modes for each of `seeds` seeds, then write the JSON and
-    the plot; returns it. `eval_samples` overrides `rl.eval_samples` (the command line's
-    `--eval_samples`, default `EVAL_SAMPLES`)."""
+              eval_samples: int | None = None, merge=()) -> dict:  # fmt: skip
+    """Run (or resume, or reuse) the modes for each of `seeds` seeds, except those the earlier
+    benchmark JSONs `merge` hold (`earlier_seeds`), then write the JSON and the plot; returns
+    it. `eval_samples` overrides `rl.eval_samples` (the command line's `--eval_samples`,
+    default `EVAL_SAMPLES`)."""
     from wmrl.autoresearch.config import validate_autoresearch_config
 
     workdir = Path(workdir)
     config = shared_config(config, workdir, budget_s, steps, eval_samples)
     validate_autoresearch_config(config)
-    timing = run_modes(config, workdir, modes, progress, log_to_files, seeds)
-    results = [analyse(load_runs(workdir, modes, i), config, budget_s) for i in range(seeds)]
+    earlier = earlier_seeds(merge, config, budget_s, modes, seeds)
+    timing = run_modes(config, workdir, modes, progress, log_to_files, seeds, skip=earlier)
+    fingerprint = stages_fingerprint(config.init_dir) if len(earlier) < seeds else None
+    results = [
+        earlier[i] if i in earlier
+        else {**analyse(load_runs(workdir, modes, i), config, budget_s),
+              "stages_fingerprint": fingerprint}
+        for i in range(seeds)
+    ]  # fmt: skip
     result = aggregate(results, seeds_of(config, seeds))
+    prints = {json.dumps(r.get("stages_fingerprint"), sort_keys=True) for r in results}
+    result["stages_shared"] = len(prints) == 1
+    result["merged"] = {
+        "seeds": [s for i, s in enumerate(seeds_of(config, seeds)) if i in earlier],
+        "from": sorted({r["merged_from"] for r in earlier.values()}),
+        "machines": [r["machine"] for i, r in sorted(earlier.items())],
+    }
     result["process_s"] = timing
     out = Path(out) if out else workdir / "speedup.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -433,6 +522,12 @@ def define_flags() -> dict:
         "seeds": flags.DEFINE_integer(
             "seeds", 1, "Run every mode once per seed (RL seeds differ, shared stages once)."
         ),
+        "merge": flags.DEFINE_list(
+            "merge",
+            [],
+            "Earlier benchmark JSONs of this same benchmark: their seeds are taken from them "
+            "(per_seed) instead of run again; only the other seeds of --seeds run.",
+        ),
         "eval_samples": flags.DEFINE_integer(
             "eval_samples",
             EVAL_SAMPLES,
@@ -467,7 +562,7 @@ def main(argv, f: dict) -> None:
             )
         result = benchmark(
             config, workdir, modes, budget, f["steps"].value, out, seeds=seeds,
-            eval_samples=eval_samples or None,
+            eval_samples=eval_samples or None, merge=f["merge"].value,
         )  # fmt: skip
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

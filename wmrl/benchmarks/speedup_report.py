@@ -41,6 +41,14 @@ def format_table(result: dict) -> str:
             f"{'to real final s':>17}{'speedup':>9}")  # fmt: skip
     seeds = result.get("seeds") or [None]
     lines = [f"means over {len(seeds)} seeds (intervals below)"] if len(seeds) > 1 else []
+    merged = (result.get("merged") or {}).get("seeds")
+    if merged:
+        lines.append(
+            f"RL seeds {merged} taken from {', '.join(result['merged']['from'])}; the shared "
+            "stages' params are "
+            + ("the same for every seed" if result.get("stages_shared") else
+               "NOT the same for every seed (per_seed stages_fingerprint)")
+        )  # fmt: skip
     lines.append(head)
     for r in table(result):
         lines.append(

@@ -167,9 +167,10 @@ def run_dir(workdir: str | os.PathLike, mode: str, index: int = 0) -> Path:
 
 
 def run_modes(config, workdir: str | os.PathLike, modes=MODES, progress: bool = True,
-              log_to_files: bool = False, seeds: int = 1) -> dict:  # fmt: skip
+              log_to_files: bool = False, seeds: int = 1, skip=()) -> dict:  # fmt: skip
     """Run the shared stages (if a run still has to run) and every (mode, seed) run not yet
-    finished, seed by seed; returns `{"stages_s", "modes_s": {run dir name: s}, "reused":
+    finished, seed by seed, except the seed indices in `skip` (the seeds an earlier
+    benchmark's JSON supplies); returns `{"stages_s", "modes_s": {run dir name: s}, "reused":
     [run dir names]}`.
 
     `config` is the shared config (`shared_config`); seed i runs `seed_config(config, i)` in
@@ -180,7 +181,7 @@ def run_modes(config, workdir: str | os.PathLike, modes=MODES, progress: bool = 
 
     workdir = Path(workdir)
     runs = [(run_dir(workdir, m, i), mode_config(seed_config(config, i), m))
-            for i in range(seeds) for m in modes]  # fmt: skip
+            for i in range(seeds) if i not in skip for m in modes]  # fmt: skip
     todo = [(d, c) for d, c in runs if not is_finished(d)]
     for d, c in runs:  # fail before anything runs
         check_resumable(c, d)

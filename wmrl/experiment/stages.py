@@ -88,6 +88,27 @@ def has_params(stage_dir, name: str = PARAMS) -> bool:
     return (epath.Path(stage_dir) / name).exists()
 
 
+def params_digest(stage_dir, name: str = PARAMS) -> str:
+    """sha256 of a stage's saved params, bit for bit: every leaf in path order, its path,
+    dtype and shape, then its bytes. Restored without a template (host numpy arrays), so it
+    names the same params on any machine; two runs of a stage agree only if they trained to
+    the same bits."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    path = storage.absolute(epath.Path(stage_dir) / name)
+    tree = ocp.StandardCheckpointer().restore(path)
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    h = hashlib.sha256()
+    for key, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
+        a = np.asarray(leaf)
+        h.update(f"{jax.tree_util.keystr(key)}:{a.dtype}:{a.shape};".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
 def load_params(stage_dir, like, name: str = PARAMS):
     """Restore params into the shapes, dtypes and shardings of `like` (an abstract or
     concrete params tree)."""
