@@ -497,11 +497,19 @@ def test_merge_takes_earlier_seeds_and_pairs_them_as_one_run(tmp_path):
         with pytest.raises(ConfigError, match=r"--merge") as e:
             speedup.benchmark(config, tmp_path / "x", progress=False, **kwargs)
         assert message in str(e.value)
-    other = load_config()
-    other.rl.group_size = 2 * config.rl.group_size
-    with pytest.raises(ConfigError, match=r"rl\.group_size"):
-        speedup.benchmark(other, tmp_path / "x", modes, progress=False, seeds=2,
-                          merge=[tmp_path / "part.json"])  # fmt: skip
+    for field, value in (("rl.group_size", 2 * config.rl.group_size),
+                         ("wm.pretrain_steps", config.wm.pretrain_steps + 1)):  # fmt: skip
+        other = load_config()  # any field, also one the JSON's `config` does not list
+        other.update_from_flattened_dict({field: value})
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            speedup.benchmark(other, tmp_path / "x", modes, progress=False, seeds=2,
+                              merge=[tmp_path / "part.json"])  # fmt: skip
+    assert "wm.pretrain_steps" not in part["config"] and part["config_all"]["wm.pretrain_steps"]
+    # Another machine's paths are not the benchmark's identity.
+    moved = load_config()
+    moved.data_dir, moved.init_dir = str(tmp_path / "elsewhere"), str(tmp_path / "init2")
+    speedup.benchmark(moved, second, modes, progress=False, seeds=2,
+                      merge=[tmp_path / "part.json"])  # fmt: skip
 
 
 def test_stages_fingerprint_is_the_params_bits(tmp_path):

@@ -167,10 +167,23 @@ FIRST_SEED_KEYS = ("curves", "config", "machine", "budget_s", "stages_fingerprin
 # -- the analysis --------------------------------------------------------------------------
 
 
+# Config fields that name where this machine keeps things or which seed runs, left out of the
+# benchmark's identity (`config_all`): a benchmark continued elsewhere (`--merge`) has other
+# paths and its own seeds.
+LOCAL_FIELDS = ("data_dir", "init_dir", "rl.seed")
+
+
 def _config_fields(config) -> dict:
     """`CONFIG_KEYS` of a config (None for a field it does not have)."""
     flat = flatten(plain(config))
     return {k: flat.get(k) for k in CONFIG_KEYS}
+
+
+def config_all(config) -> dict:
+    """Every field of the benchmark's shared config but `LOCAL_FIELDS`, as JSON values: what
+    two parts of one benchmark must share (`--merge`)."""
+    flat = flatten(plain(config))
+    return json.loads(json.dumps({k: v for k, v in flat.items() if k not in LOCAL_FIELDS}))
 
 
 def machine(runs: dict | None = None) -> dict:
@@ -427,9 +440,12 @@ def earlier_seeds(paths, config, budget_s, modes, seeds: int) -> dict[int, dict]
                 "--merge", f"{path} ran --budget_s={data.get('budget_s')}, this one {budget_s}"
             )
         theirs = data.get("config") or {}
-        fields = [k for k in CONFIG_KEYS if k != "rl.seed" and theirs.get(k) != want.get(k)]
+        theirs_all = data.get("config_all") or theirs  # an older JSON: its CONFIG_KEYS
+        here = want if "config_all" not in data else config_all(config)
+        keys = sorted(set(theirs_all) | set(here)) if "config_all" in data else CONFIG_KEYS
+        fields = [k for k in keys if k != "rl.seed" and theirs_all.get(k) != here.get(k)]
         if fields:
-            diff = ", ".join(f"{k}: {theirs.get(k)!r} here {want.get(k)!r}" for k in fields)
+            diff = ", ".join(f"{k}: {theirs_all.get(k)!r} here {here.get(k)!r}" for k in fields)
             raise ConfigError("--merge", f"{path} ran another benchmark ({diff})")
         for entry in data["per_seed"]:
             index = entry["seed"] - first_seed
@@ -473,6 +489,7 @@ def benchmark(config, workdir, modes=MODES, budget_s=None, steps=None, out=None,
     ]  # fmt: skip
     result = aggregate(results, seeds_of(config, seeds))
     prints = {json.dumps(r.get("stages_fingerprint"), sort_keys=True) for r in results}
+    result["config_all"] = config_all(config)
     result["stages_shared"] = len(prints) == 1
     result["merged"] = {
         "seeds": [s for i, s in enumerate(seeds_of(config, seeds)) if i in earlier],
