@@ -33,7 +33,8 @@ one seed, that seed's values); `curves` holds the first seed's curves.
 
 A benchmark longer than one machine's lifetime is run in parts: `--merge=EARLIER.json` takes
 the seeds an earlier run of the same benchmark already measured from that JSON's `per_seed`
-(same config fields, budget and modes, else refused naming them) and runs only the others,
+(every config field but the paths and the RL seed, `config_all`, the budget and the modes the
+same, else refused naming them) and runs only the others,
 so `--seeds=5 --merge=seeds01.json` runs seeds 2-4 and reports all five, paired and over
 seeds as if they had run together. Every seed records `stages_fingerprint`, the sha256 of the
 shared stages' parameters (`wmrl.experiment.stages.params_digest`, per stage), and the JSON
