@@ -484,7 +484,8 @@ def test_merge_takes_earlier_seeds_and_pairs_them_as_one_run(tmp_path):
     assert data["stages_shared"] is True and "merged_from" not in data
     # The merged JSON merges again: all its seeds from it, nothing runs.
     again = speedup.benchmark(config, tmp_path / "empty", modes, progress=False, seeds=2,
-                              merge=[second / "speedup.json"])  # fmt: skip
+                              merge=[second / "speedup.json"], out=tmp_path / "o.json")  # fmt: skip
+    assert (tmp_path / "empty" / "speedup.png").stat().st_size > 0
     assert again["paired"] == data["paired"] and again["process_s"]["modes_s"] == {}
     refused = [
         (dict(budget_s=60.0), "--budget_s=None, this one 60.0"),

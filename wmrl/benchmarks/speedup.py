@@ -500,6 +500,7 @@ def benchmark(config, workdir, modes=MODES, budget_s=None, steps=None, out=None,
     result["process_s"] = timing
     out = Path(out) if out else workdir / "speedup.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)  # the plot's; nothing ran here if all merged
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot_curves(
         result["curves"], workdir / "speedup.png", result["time_to_target_reward"],
