@@ -421,9 +421,10 @@ def stages_fingerprint(init_dir) -> dict | None:
 
 def earlier_seeds(paths, config, budget_s, modes, seeds: int) -> dict[int, dict]:
     """`{seed index: result}` from earlier benchmark JSONs (`--merge`): each `per_seed` entry
-    with its file's config and machine, checked against this benchmark (the config fields of
-    `CONFIG_KEYS` but the RL seed, the budget, the modes, the seed range); a mismatch or a
-    seed two files both hold is a `ConfigError` naming `--merge` and the file."""
+    with its file's config and machine, checked against this benchmark (every field of
+    `config_all`, or of `CONFIG_KEYS` for a JSON written before it, but the RL seed; the
+    budget, the modes, the seed range); a mismatch or a seed two files both hold is a
+    `ConfigError` naming `--merge` and the file."""
     from wmrl.config_errors import ConfigError
 
     want = json.loads(json.dumps(_config_fields(config)))
