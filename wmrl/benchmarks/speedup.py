@@ -427,7 +427,8 @@ def earlier_seeds(paths, config, budget_s, modes, seeds: int) -> dict[int, dict]
     `ConfigError` naming `--merge` and the file."""
     from wmrl.config_errors import ConfigError
 
-    want = json.loads(json.dumps(_config_fields(config)))
+    # Compared on every field; a JSON written before `config_all`, on its `CONFIG_KEYS`.
+    here_all, here_keys = config_all(config), json.loads(json.dumps(_config_fields(config)))
     first_seed = seeds_of(config, 1)[0]
     out = {}
     for path in paths:
@@ -442,12 +443,12 @@ def earlier_seeds(paths, config, budget_s, modes, seeds: int) -> dict[int, dict]
                 "--merge", f"{path} ran --budget_s={data.get('budget_s')}, this one {budget_s}"
             )
         theirs = data.get("config") or {}
-        theirs_all = data.get("config_all") or theirs  # an older JSON: its CONFIG_KEYS
-        here = want if "config_all" not in data else config_all(config)
-        keys = sorted(set(theirs_all) | set(here)) if "config_all" in data else CONFIG_KEYS
-        fields = [k for k in keys if k != "rl.seed" and theirs_all.get(k) != here.get(k)]
+        older = "config_all" not in data
+        there, here = (theirs, here_keys) if older else (data["config_all"], here_all)
+        keys = sorted(set(there) | set(here))
+        fields = [k for k in keys if k != "rl.seed" and there.get(k) != here.get(k)]
         if fields:
-            diff = ", ".join(f"{k}: {theirs_all.get(k)!r} here {here.get(k)!r}" for k in fields)
+            diff = ", ".join(f"{k}: {there.get(k)!r} here {here.get(k)!r}" for k in fields)
             raise ConfigError("--merge", f"{path} ran another benchmark ({diff})")
         for entry in data["per_seed"]:
             index = entry["seed"] - first_seed
