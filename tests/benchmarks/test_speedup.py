@@ -44,6 +44,13 @@ def test_time_to_target_ratio():
     flat = [ev(0.0, 0.20), ev(50.0, 0.10), ev(90.0, 0.20)]
     out = speedup_figures.time_to_target_ratio({"real": flat, "wmrl": WMRL})
     assert out["ratio"] is None and out["t_real"] == 0.0 and "warm start" in out["note"]
+    # real's own warm-start evaluation is at or above its final reward (0.30 >= 0.25) while
+    # wmrl's step-0 evaluation (0.20) is below it: t_real = 0, t_wmrl = 20, and 0 / 20 would
+    # be a ratio of 0 made of the step-0 evaluation's noise; no ratio.
+    noisy = [ev(0.0, 0.30), ev(50.0, 0.28), ev(100.0, 0.25)]
+    out = speedup_figures.time_to_target_ratio({"real": noisy, "wmrl": WMRL})
+    assert out["t_real"] == 0.0 and out["t_mode"] == 20.0 and out["ratio"] is None
+    assert out["note"].startswith("real's warm-start evaluation") and "warm start" in out["note"]
 
 
 def test_executions_to_target_ratio_with_and_without_the_wms_pretraining():
@@ -62,6 +69,11 @@ def test_executions_to_target_ratio_with_and_without_the_wms_pretraining():
     # The warm start already had it: reached with no execution, no ratio.
     warm = speedup_figures.executions_to_target_ratio(curves, 0.20, "wmrl", pretraining=18)
     assert warm["e_mode"] == 0 and warm["ratio"] is None
+    # Only real's warm start had it (0 executions against wmrl's 6): no ratio of 0 either.
+    only_real = {"real": [ev(0.0, 0.45, 0), ev(50.0, 0.40, 12)], "wmrl": wmrl}
+    out = speedup_figures.executions_to_target_ratio(only_real, 0.40, "wmrl", pretraining=18)
+    assert out["e_real"] == 0 and out["e_mode"] == 6 and out["ratio"] is None
+    assert out["ratio_with_pretraining"] is None
 
 
 def test_analyse_reports_the_executions_ratios(tmp_path):

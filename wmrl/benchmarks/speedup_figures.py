@@ -19,8 +19,9 @@ def time_to_target_ratio(curves: dict[str, list[dict]], mode: str = "wmrl") -> d
     The target is the reward of `real`'s last evaluation; t_real is the wall-clock at which
     `real` first reached it (possibly before its end), t_mode the same for `mode`. Returns
     `{"target", "t_real", "t_mode", "ratio", "note"}`; the ratio is None (with the reason in
-    `note`) when `mode` never reaches the target, or when it is reached at wall-clock 0 (the
-    shared warm start already has real's final reward, so real did not improve on it).
+    `note`) when `mode` never reaches the target, or when either mode has it at wall-clock 0
+    (a warm-start evaluation already has real's final reward, so real did not improve on the
+    warm start and the ratio would measure only the step-0 evaluation's noise: 0 or inf).
     """
     real = [e for e in curves["real"] if e.get("heldout_reward") is not None]
     out = {"target": None, "t_real": None, "t_mode": None, "ratio": None, "note": None}
@@ -36,6 +37,11 @@ def time_to_target_ratio(curves: dict[str, list[dict]], mode: str = "wmrl") -> d
         out["note"] = (
             f"{mode} had real's final held-out reward {target:.4g} at wall-clock 0 "
             "(the warm start): real did not improve on the warm start"
+        )
+    elif t_real <= 0.0:
+        out["note"] = (
+            f"real's warm-start evaluation already had its final held-out reward {target:.4g}: "
+            "real did not improve on the warm start"
         )
     else:
         out["ratio"] = t_real / t_mode
@@ -60,15 +66,15 @@ def executions_to_target_ratio(
     the executions spent before RL on the mode's WM (`pretraining`: the run's
     `wm_pretraining_executions.total`, the executed corpus and policy samples; `real` has no
     WM). Returns `{"e_real", "e_mode", "ratio", "ratio_with_pretraining"}`; a ratio is None
-    when either mode never reaches the target or `mode` reaches it with no execution (the
-    warm start already had it)."""
+    when either mode never reaches the target or either reaches it with no execution (a
+    warm-start evaluation already had it: real did not improve on the warm start)."""
     out = {"e_real": None, "e_mode": None, "ratio": None, "ratio_with_pretraining": None}
     if target is None:
         return out
     e_real = executions_to_target(curves["real"], target)
     e_mode = executions_to_target(curves[mode], target)
     out.update(e_real=e_real, e_mode=e_mode)
-    if e_real is not None and e_mode:
+    if e_real and e_mode:
         out["ratio"] = e_real / e_mode
         out["ratio_with_pretraining"] = e_real / (e_mode + pretraining)
     return out
