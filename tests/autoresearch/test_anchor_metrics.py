@@ -96,6 +96,28 @@ def test_timeout_calibration_by_hand():
     assert am.timeout_calibration([PAIRS[7]]) is None  # no P(timeout) recorded
 
 
+def test_timeout_calibration_of_episodes_is_per_learned_turn():
+    """An episode's record (multi-turn) is calibrated per turn: its executed turns the static
+    check does not decide, each with the WM's P(timeout) under the turn's limit; a
+    single-turn pair beside them counts as before."""
+    UG = int(Status.UNGRADED)
+    ep1 = pair(1, "t1", V, 0.9, 0.8)  # turns: VALID, TIMEOUT, a RUNTIME_ERROR the check fixed
+    ep1.update(turn_p_timeout=[0.1, 0.8, 0.9], turn_status=[V, TO, RE],
+               turn_static=[False, False, True])  # fmt: skip
+    ep2 = pair(1, "t1", V, 0.1, 0.5)  # turn 1 ungraded (infrastructure): left out
+    ep2.update(turn_p_timeout=[0.5, 0.2], turn_status=[UG, TO], turn_static=[False, False])
+    single = pair(2, "t2", V, 0.7, 0.6, p_timeout=0.4)
+    assert am.timeout_rows([ep1, ep2, single]) == [(0.1, False), (0.8, True), (0.2, True),
+                                                  (0.4, False)]  # fmt: skip
+    got = am.timeout_calibration([ep1, ep2, single])
+    assert got["rows"] == 4 and got["timeouts"] == 2
+    assert got["mean_p"] == pytest.approx(0.375) and got["rate"] == pytest.approx(0.5)
+    assert got["brier"] == pytest.approx((0.01 + 0.04 + 0.64 + 0.16) / 4)
+    assert got["auc"] == pytest.approx(0.75)  # 0.8 and 0.2 against 0.1 and 0.4: 3 of 4 pairs
+    no_head = {k: v for k, v in ep1.items() if k != "turn_p_timeout"}  # no runtime head
+    assert am.timeout_calibration([no_head]) is None
+
+
 def test_variance_shares_by_hand():
     # Group A rewards (0, .9, .7, .1), mean .425: SS = .5875. Status means: MALFORMED 0,
     # VALID .8 (x2), RUNTIME_ERROR .1: between = .180625 + 2 * .140625 + .105625 = .5675.

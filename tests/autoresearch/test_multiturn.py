@@ -88,9 +88,13 @@ def test_one_turn_episodes_equal_the_single_turn_trainer(rl_shared, tmp_path, mo
     for a, b in zip(single[1], episodes[1], strict=True):  # pairs
         # A single script's P(timeout) has no episode counterpart (the reward is the best
         # turn's): episode pairs leave it out, and the timeout calibration skips them.
+        # Its one turn carries it instead (`turn_p_timeout`), with the static check's verdict.
+        if "p_timeout" in a:
+            assert b["turn_p_timeout"] == [pytest.approx(a["p_timeout"])]
         a = {k: v for k, v in a.items() if k != "p_timeout"}
         assert a == {k: v for k, v in b.items() if k in a}
         assert b["best_turn"] == 1 and b["turn_r_env"] == [pytest.approx(a["r_env"])]
+        assert b["turn_static"] == [a["static"]]
     for a, b in zip(single[2], episodes[2], strict=True):  # held-out evaluations
         a = _clean(a)
         assert a == {k: v for k, v in _clean(b).items() if k in a}
@@ -179,6 +183,20 @@ def test_every_mode_runs_two_turn_episodes_end_to_end(mt_shared, tmp_path, mode)
     assert pairs and all(len(p["turn_r_env"]) == 2 for p in pairs)
     for p in pairs:  # the trajectory's real reward is its best turn's
         assert p["r_env"] == pytest.approx(max(p["turn_r_env"]))
+    # The WM's P(timeout) per turn (a trajectory has none), calibrated over the learned turns.
+    calibration = (summary.get("anchor_figures") or {}).get("all", {}).get("timeout_calibration")
+    if mode == "real":
+        assert not any("turn_p_timeout" in p for p in pairs)
+    else:
+        assert all(len(p["turn_p_timeout"]) == 2 for p in pairs)
+        assert all(0.0 <= v <= 1.0 for p in pairs for v in p["turn_p_timeout"])
+        learned = [
+            s for p in pairs for s, fixed in zip(p["turn_status"], p["turn_static"], strict=True)
+            if not fixed and s != int(Status.UNGRADED)
+        ]  # fmt: skip
+        if learned:
+            assert calibration["rows"] == len(learned)
+            assert calibration["timeouts"] == sum(s == int(Status.TIMEOUT) for s in learned)
     journal = read_jsonl(tmp_path / "anchors.jsonl")
     assert len(journal) == summary["real_executions"]
     assert all("runtime_s" in j for j in journal if j["status"] != int(Status.UNGRADED))

@@ -17,7 +17,10 @@ is known), from the records of `pairs.jsonl` (`wmrl.autoresearch.step.anchor_pai
   percentile, what is left once every script works).
 * `timeout_calibration`: the WM's P(timeout) under the limit the script ran under (the task's,
   capped by `suite.time_limit_s`) against the observed time-outs: mean predicted against
-  observed rate, Brier score, AUC and a binned reliability table. Needs a `p_timeout` field.
+  observed rate, Brier score, AUC and a binned reliability table. Needs a `p_timeout` field;
+  an episode's record (multi-turn) has none of its own and is measured per turn instead, over
+  its executed turns the static check does not decide (`turn_p_timeout`, `turn_status`,
+  `turn_static`).
 
 A group is one step's scripts of one task (`(step, task_id)`). Within a group the Spearman
 correlation gives ties their average rank; a group whose real rewards differ but whose
@@ -45,6 +48,7 @@ from wmrl.autoresearch.env.grader import Status, reward
 
 VALID = int(Status.VALID)
 TIMEOUT = int(Status.TIMEOUT)
+UNGRADED = int(Status.UNGRADED)
 
 
 def spearman(x, y) -> float | None:
@@ -148,16 +152,31 @@ def failure_auc(pairs: list[dict], score: str = "r_wm") -> dict:
     }
 
 
+def timeout_rows(pairs: list[dict]) -> list[tuple[float, bool]]:
+    """(P(timeout), timed out) of every executed script the static check does not decide and
+    the WM gave a P(timeout): a single-turn pair's learned row, or each such turn of an
+    episode's record (`turn_p_timeout`; a turn with an infrastructure failure is left out)."""
+    out = []
+    for p in pairs:
+        if "turn_p_timeout" in p:
+            turns = zip(p["turn_p_timeout"], p["turn_status"], p["turn_static"], strict=True)
+            out += [(pt, s == TIMEOUT) for pt, s, fixed in turns if not fixed and s != UNGRADED]
+        elif is_learned(p) and p.get("p_timeout") is not None:
+            out.append((p["p_timeout"], p["status"] == TIMEOUT))
+    return out
+
+
 def timeout_calibration(pairs: list[dict], bins: int = 5) -> dict | None:
-    """The WM's P(timeout) (`p_timeout`) against the observed time-outs over the learned rows
-    that carry it: `mean_p` against `rate`, the Brier score, the AUC, and `bins` equal-width
-    bins of P(timeout) (`[lo, hi, rows, mean_p, rate]`, empty bins left out). None when no
-    row carries a P(timeout)."""
-    rows = [p for p in pairs if is_learned(p) and p.get("p_timeout") is not None]
+    """The WM's P(timeout) against the observed time-outs over the scripts of `timeout_rows`
+    (single-turn: the learned rows that carry a `p_timeout`; multi-turn: the learned turns):
+    `mean_p` against `rate`, the Brier score, the AUC, and `bins` equal-width bins of
+    P(timeout) (`[lo, hi, rows, mean_p, rate]`, empty bins left out). None when no script
+    carries a P(timeout)."""
+    rows = timeout_rows(pairs)
     if not rows:
         return None
-    p = np.asarray([r["p_timeout"] for r in rows], float)
-    y = np.asarray([r["status"] == TIMEOUT for r in rows], float)
+    p = np.asarray([pt for pt, _ in rows], float)
+    y = np.asarray([to for _, to in rows], float)
     edges = np.linspace(0.0, 1.0, bins + 1)
     which = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, bins - 1)
     table = [

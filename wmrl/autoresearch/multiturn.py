@@ -88,6 +88,9 @@ class Episodes(NamedTuple):
     status: np.ndarray  # [K, N] int32 real status (UNGRADED where not executed)
     reward: np.ndarray  # [K, N] float32 real ladder reward (0 where not executed)
     r_wm: np.ndarray  # [K, N] float32 raw per-turn WM rewards (0 without a WM)
+    # [K, N] float32 the WM's per-turn P(timeout) under the turn's limit (NaN: no WM, or a WM
+    # without a runtime head)
+    p_timeout: np.ndarray
     obs_arrays: dict  # [K, N] real turns: runtime_s (raw, NaN), error_type index (-1), validation
     new_executions: int  # real turns not taken from a journal
 
@@ -227,8 +230,9 @@ class MultiTurnTrainer(Trainer):
     # -- the WM's observations -----------------------------------------------------------
 
     def _wm_turn(self, st, rows: dict, scripts: list[str], row_tasks, observe: bool):
-        """The WM's per-turn rewards [N] and (with `observe`) observations [N] of every row:
-        every field from a head (`wmrl.autoresearch.wm_observation.predict_observation`), the static
+        """The WM's per-turn rewards [N], its P(timeout) [N] under each row's limit (NaN
+        without a runtime head) and (with `observe`) observations [N] of every row: every
+        field from a head (`wmrl.autoresearch.wm_observation.predict_observation`), the static
         check fixing what it knows."""
         tasks = [self.episode_tasks[t.id] for t in row_tasks]
         limits = np.array([rldata.time_limit(t, self.tc.time_limit_cap_s) for t in tasks])
@@ -238,12 +242,14 @@ class MultiTurnTrainer(Trainer):
         )  # fmt: skip
         out = distributed.process_allgather_to_numpy(dict(out))
         score = np.asarray(out["score"], np.float32)
+        p_timeout = np.asarray(out.get("p_timeout", np.full(len(scripts), np.nan)), np.float32)
         if not observe:
-            return score, [None] * len(scripts)
+            return score, p_timeout, [None] * len(scripts)
         from wmrl.autoresearch.wm_observation import predict_observation
 
         static = self.tc.static_check if self.static_check else "off"
-        return score, list(predict_observation(out, tasks, scripts, limits, static=static))
+        obs = predict_observation(out, tasks, scripts, limits, static=static)
+        return score, p_timeout, list(obs)
 
     # -- the rollout ---------------------------------------------------------------------
 
@@ -260,6 +266,7 @@ class MultiTurnTrainer(Trainer):
         status = np.full((K, N), UNGRADED, np.int32)
         reward = np.zeros((K, N), np.float32)
         r_wm = np.zeros((K, N), np.float32)
+        p_timeout = np.full((K, N), np.nan, np.float32)
         real = {"runtime_s": np.full((K, N), np.nan, np.float32),
                 "error_type": np.full((K, N), -1, np.int32),
                 "validation": np.full((K, N), np.nan, np.float32)}  # fmt: skip
@@ -281,7 +288,9 @@ class MultiTurnTrainer(Trainer):
                 if self.spec.uses_wm:  # while the anchors execute
                     with clock("wm_score_s"):
                         # The last turn's observation is read by no one: its reward only.
-                        r_wm[t], obs = self._wm_turn(st, rows, scripts, row_tasks, t < K - 1)
+                        r_wm[t], p_timeout[t], obs = self._wm_turn(
+                            st, rows, scripts, row_tasks, t < K - 1
+                        )
                 with clock("anchor_wait_s"):
                     got, n_new = self._collect_turns(self.journal, ex)
             new += n_new
@@ -298,7 +307,7 @@ class MultiTurnTrainer(Trainer):
             rows_k.append(rows)
             scripts_k.append(scripts)
             obs_k.append(obs)
-        return Episodes(rows_k, scripts_k, obs_k, status, reward, r_wm, real, new)
+        return Episodes(rows_k, scripts_k, obs_k, status, reward, r_wm, p_timeout, real, new)
 
     # -- one RL step ---------------------------------------------------------------------
 
@@ -339,7 +348,7 @@ class MultiTurnTrainer(Trainer):
         metrics["real_executions_step"] = n_real
         metrics["wall_time_s"] = new_state.wall_time_s
         metrics["real_executions"] = new_state.real_executions
-        return new_state, metrics, self._pairs(ep, x, c)
+        return new_state, metrics, self._pairs(ep, x, c, r)
 
     def _episode_batch(self, st, tasks, ep: Episodes, routed: Routed):
         """The step's training rows (K turns x N episodes, turn-major) with the reference
@@ -433,18 +442,25 @@ class MultiTurnTrainer(Trainer):
             if self.spec.uses_wm else None,
         }  # fmt: skip
 
-    def _pairs(self, ep: Episodes, x: Exchanged, c: Corrected) -> list[dict]:
-        """pairs.jsonl: the trajectory pairs (single-turn fields) plus every turn's."""
+    def _pairs(self, ep: Episodes, x: Exchanged, c: Corrected, r: Routed) -> list[dict]:
+        """pairs.jsonl: the trajectory pairs (single-turn fields) plus every turn's: its real
+        status and reward, the WM's reward, whether the static check decided it
+        (`turn_static`) and, where the WM has a runtime head, its P(timeout) under the turn's
+        limit (`turn_p_timeout`: a trajectory has no P(timeout) of its own, each turn does)."""
         pairs = anchor_pairs(x, c)
         _, _, best = best_of_turns(ep.reward, ep.status)
+        static = self._static(ep, r) >= 0
         for p in pairs:
             i = p["row"]
             p.update(
                 turn_status=[int(v) for v in ep.status[:, i]],
                 turn_r_env=[float(v) for v in ep.reward[:, i]],
                 turn_r_wm=[float(v) for v in ep.r_wm[:, i]],
+                turn_static=[bool(v) for v in static[:, i]],
                 best_turn=int(best[i]) + 1,
             )
+            if np.isfinite(ep.p_timeout[:, i]).all():
+                p["turn_p_timeout"] = [float(v) for v in ep.p_timeout[:, i]]
         return pairs
 
     # -- warm-up (compile) ---------------------------------------------------------------
