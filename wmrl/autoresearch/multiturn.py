@@ -143,6 +143,7 @@ class EpisodeStep(NamedTuple):
     episodes: Episodes
     sampled: Sampled
     exchanged: Exchanged
+    static: np.ndarray  # [K, N] per-turn static verdicts (`_static`), -1 where execution tells
 
 
 def observed_fields(res) -> dict:
@@ -320,11 +321,12 @@ class MultiTurnTrainer(Trainer):
         ep = self.rollout(st, s, r, key, clock)
         with clock("train_s"):
             sampled, x = self._episode_batch(st, s.row_tasks[:: self.G], ep, r)
-        return EpisodeStep(ep, sampled, x)
+            static = self._static(ep, r)
+        return EpisodeStep(ep, sampled, x, static)
 
     def correct(self, st: RunState, r: Routed, a: EpisodeStep, clock) -> Corrected:
         with clock("train_s"):
-            return self._correct_episodes(st, r, a.episodes, a.exchanged)
+            return self._correct_episodes(st, r, a.episodes, a.exchanged, a.static)
 
     def update(self, st: RunState, r: Routed, a: EpisodeStep, c: Corrected, clock) -> Updated:
         with clock("train_s"):
@@ -333,7 +335,7 @@ class MultiTurnTrainer(Trainer):
     def finish(self, st, s: Sampled, r: Routed, a: EpisodeStep, c: Corrected, u: Updated, clock):
         """The new state, the step's metrics and its anchor pairs (trajectory level, with
         every turn's)."""
-        ep, sampled, x = a
+        ep, sampled, x, static = a
         metrics = step_metrics(sampled, r, x, c, u, self.spec.uses_wm, clock.seconds, rho=r.rho)
         metrics.update(self._turn_metrics(r, ep, x))
         wall = float(distributed.allgather_host(np.float64(clock.elapsed())).max())
@@ -348,7 +350,7 @@ class MultiTurnTrainer(Trainer):
         metrics["real_executions_step"] = n_real
         metrics["wall_time_s"] = new_state.wall_time_s
         metrics["real_executions"] = new_state.real_executions
-        return new_state, metrics, self._pairs(ep, x, c, r)
+        return new_state, metrics, self._pairs(ep, x, c, static)
 
     def _episode_batch(self, st, tasks, ep: Episodes, routed: Routed):
         """The step's training rows (K turns x N episodes, turn-major) with the reference
@@ -383,11 +385,12 @@ class MultiTurnTrainer(Trainer):
             for t in range(K)
         ])  # fmt: skip
 
-    def _correct_episodes(self, st, routed: Routed, ep: Episodes, x: Exchanged) -> Corrected:
+    def _correct_episodes(
+        self, st, routed: Routed, ep: Episodes, x: Exchanged, static_t: np.ndarray
+    ) -> Corrected:
         """The single-turn correction on trajectories: raw WM reward = max over the turns the
-        static check does not fix; an episode whose every turn it fixes is fixed, at its best
-        fixed reward."""
-        static_t = self._static(ep, routed)
+        static check does not fix (`static_t`, `_static`); an episode whose every turn it
+        fixes is fixed, at its best fixed reward."""
         fixed = static_t >= 0
         fixed_reward = np.vectorize(_ladder, otypes=[float])(static_t)
         all_fixed = fixed.all(axis=0)
@@ -442,21 +445,20 @@ class MultiTurnTrainer(Trainer):
             if self.spec.uses_wm else None,
         }  # fmt: skip
 
-    def _pairs(self, ep: Episodes, x: Exchanged, c: Corrected, r: Routed) -> list[dict]:
+    def _pairs(self, ep: Episodes, x: Exchanged, c: Corrected, static: np.ndarray) -> list[dict]:
         """pairs.jsonl: the trajectory pairs (single-turn fields) plus every turn's: its real
         status and reward, the WM's reward, whether the static check decided it
         (`turn_static`) and, where the WM has a runtime head, its P(timeout) under the turn's
         limit (`turn_p_timeout`: a trajectory has no P(timeout) of its own, each turn does)."""
         pairs = anchor_pairs(x, c)
         _, _, best = best_of_turns(ep.reward, ep.status)
-        static = self._static(ep, r) >= 0
         for p in pairs:
             i = p["row"]
             p.update(
                 turn_status=[int(v) for v in ep.status[:, i]],
                 turn_r_env=[float(v) for v in ep.reward[:, i]],
                 turn_r_wm=[float(v) for v in ep.r_wm[:, i]],
-                turn_static=[bool(v) for v in static[:, i]],
+                turn_static=[bool(v >= 0) for v in static[:, i]],
                 best_turn=int(best[i]) + 1,
             )
             if np.isfinite(ep.p_timeout[:, i]).all():
@@ -476,7 +478,7 @@ class MultiTurnTrainer(Trainer):
         ep = self.rollout(st, sampled, routed, key, clock, execute=False)
         tasks = sampled.row_tasks[:: self.G]
         _, x = self._episode_batch(st, tasks, ep, routed)
-        corrected = self._correct_episodes(st, routed, ep, x)
+        corrected = self._correct_episodes(st, routed, ep, x, self._static(ep, routed))
         copy = lambda tree: jax.tree.map(jnp.copy, tree)
         warm = dataclasses.replace(st, policy=copy(st.policy), wm=copy(st.wm))
         updated = self._update_episodes(warm, routed, ep, x, corrected)
