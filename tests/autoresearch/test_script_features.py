@@ -2,12 +2,16 @@
 ridge fit against a direct normal-equations solution (hand numbers and references)."""
 
 import math
+import random
+import re
+import time
 
 import numpy as np
 import pytest
 
 from wmrl.autoresearch import script_features as sf
 from wmrl.autoresearch.env import author
+from wmrl.autoresearch.env.grader import MAX_SCRIPT_BYTES
 
 INFO = author.TaskInfo("classification", "roc_auc", "label", "row_id", has_missing=True,
                        has_categorical=True, n_rows=500)  # fmt: skip
@@ -157,3 +161,70 @@ def test_feature_vectors_give_the_same_fit():
     b = sf.FeatureScorer().fit_features(X, [r.reward for r in rows]).predict_features(X)
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
+
+
+# Scripts shaped to make each pattern over script text work hardest: many starts that each
+# fail late (an opening with no close, a name with no value, a quote with no partner).
+WORST_SHAPES = {
+    "unclosed_frames": "DataFrame({",
+    "unclosed_frames_spaced": "DataFrame(  { x ",
+    "unpaired_quotes": "'" + "a" * 80 + '"',
+    "keywords_without_values": "n_estimators =" + " " * 30 + "\n",
+    "tuples_without_cat": "(" + " " * 20,
+    "estimators_never_called": "RandomForestClassifier" + " " * 20,
+    "none_depths": "max_depth = Non",
+}
+
+
+def largest_accepted(unit: str) -> str:
+    script = (unit * (MAX_SCRIPT_BYTES // len(unit) + 1))[:MAX_SCRIPT_BYTES]
+    assert len(script.encode("utf-8")) == MAX_SCRIPT_BYTES  # the pool's cap, not over it
+    return script
+
+
+@pytest.mark.parametrize("unit", WORST_SHAPES.values(), ids=list(WORST_SHAPES))
+def test_the_largest_accepted_script_is_featurised_in_linear_time(unit):
+    r"""Every pattern is linear in the script: the worst shapes at the pool's size cap cost
+    well under a second of this process's CPU (a `DataFrame\(\s*\{([^}]*)\}` search took
+    20 s on unclosed frames, quadratic: each opening rescanned the rest of the text)."""
+    script = largest_accepted(unit)
+    t0 = time.process_time()
+    sf.features(script, FACTS)
+    assert time.process_time() - t0 < 1.0
+
+
+def test_the_submission_frame_is_the_last_dict_a_regex_would_find():
+    """The linear search finds what `re.findall` of the old pattern found last, on random
+    texts made of the pieces that matter (openings, braces, spaces, other text)."""
+    old = re.compile(r"DataFrame\(\s*\{([^}]*)\}")
+    pieces = ["DataFrame(", "DataFrame({", "{", "}", " ", "\n", "x", "ID", "(", "Frame("]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 14)))
+        found = old.findall(text)
+        assert sf._submission_frame(text) == (found[-1] if found else None), text
+    assert sf._submission_frame('pd.DataFrame( {"ID": ids, "y": p}).to_csv(') == (
+        '"ID": ids, "y": p'
+    )
+
+
+def test_a_script_over_the_cap_is_read_only_up_to_it():
+    """No WM reads more than the pool's size cap: a longer script (MALFORMED without being
+    compiled) has the features of its first MAX_SCRIPT_BYTES characters, except that it
+    does not compile and its length is its own, and costs no more to featurise."""
+    head = author.render(INFO, author.ScriptSpec("forest", {"trees": 100, "depth": 6}))
+    script = head + "#" * (64 * MAX_SCRIPT_BYTES)  # 16 MiB
+    prefix = script[:MAX_SCRIPT_BYTES]
+    t0 = time.process_time()
+    long_f = sf.feature_dict(script, FACTS)
+    assert time.process_time() - t0 < 1.0
+    prefix_f = sf.feature_dict(prefix, FACTS)
+    assert prefix_f["compiles"] == 1.0 and long_f["compiles"] == 0.0
+    assert long_f["undefined_names"] == 0.0
+    assert long_f["log_chars"] == pytest.approx(math.log1p(len(head) + 64 * MAX_SCRIPT_BYTES))
+    assert (
+        long_f["log_lines"] == prefix_f["log_lines"] == pytest.approx(math.log1p(head.count("\n")))
+    )
+    same = {k for k in long_f if k not in ("compiles", "log_chars")}
+    assert {k: long_f[k] for k in same} == {k: prefix_f[k] for k in same}
+    assert prefix_f["family_forest"] == 1.0 and prefix_f["writes_submission"] == 1.0

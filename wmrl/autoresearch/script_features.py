@@ -13,7 +13,11 @@ its penalty chosen by exact leave-one-out error, refit from scratch on every cal
 the corpus plus the anchor pairs collected so far.
 
 Every feature is read off the text with regular expressions and `grader.static_outcome`;
-nothing is executed.
+nothing is executed. The features run in the trainer's process, so their cost is bounded:
+they read at most the first `MAX_SCRIPT_BYTES` characters of a script (a longer one is
+MALFORMED before the sandbox, as the pool has it; its length is the one thing read of the
+rest), and every pattern does a bounded amount of work per character (no pattern starts
+at many places and scans on from each to the end of the text).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wmrl.autoresearch.env.grader import Status, static_outcome
+from wmrl.autoresearch.env.grader import MAX_SCRIPT_BYTES, Status, static_outcome
 
 METRIC_NAMES = ("accuracy", "f1_macro", "roc_auc", "rmse", "mae", "r2")
 
@@ -124,10 +128,23 @@ def _near_miss(literals: set[str], name: str) -> bool:
     return any(s != name and s.lower().strip("_") == key for s in literals)
 
 
+_FRAME_OPENING = re.compile(r"DataFrame\(\s*\{")
+
+
 def _submission_frame(script: str) -> str | None:
-    """The text of the dict of the last `DataFrame({...})` the script builds, or None."""
-    frames = re.findall(r"DataFrame\(\s*\{([^}]*)\}", script)
-    return frames[-1] if frames else None
+    r"""The text of the dict of the last `DataFrame({...})` the script builds (up to its
+    first `}`), or None: what `re.findall(r"DataFrame\(\s*\{([^}]*)\}")` finds last, in
+    linear time. That pattern scans from every opening to the next `}`, so a script of
+    unclosed openings cost the square of its length (20 s at 256 KiB); here each opening
+    is followed to its `}` once, and an opening with none after it ends the search (no later
+    one can have one)."""
+    last, pos = None, 0
+    while (m := _FRAME_OPENING.search(script, pos)) is not None:
+        close = script.find("}", m.end())
+        if close < 0:
+            break
+        last, pos = script[m.end() : close], close + 1
+    return last
 
 
 def card_features(f: CardFacts) -> dict[str, float]:
@@ -143,10 +160,19 @@ def card_features(f: CardFacts) -> dict[str, float]:
 
 
 def script_features(script: str, f: CardFacts) -> dict[str, float]:
-    """The script's own facts, and the interactions with the card that make a failure."""
+    """The script's own facts, and the interactions with the card that make a failure.
+
+    Only the first `MAX_SCRIPT_BYTES` characters are read (module docstring): a script with
+    more has more bytes than the pool accepts, so it is MALFORMED without being compiled or
+    encoded, and `log_chars` is its whole length."""
+    n_chars = len(script)
+    if n_chars > MAX_SCRIPT_BYTES:
+        script = script[:MAX_SCRIPT_BYTES]
+        static = (Status.MALFORMED, f"script is over the {MAX_SCRIPT_BYTES:,}-byte limit")
+    else:
+        static = static_outcome(script.encode("utf-8", "surrogatepass"), names=True)
     family = model_family(script)
     literals = {m.group(2) for m in _LITERAL.finditer(script)}
-    static = static_outcome(script.encode("utf-8", "surrogatepass"), names=True)
     trees = _param(script, "n_estimators") or 0.0
     depth_none = re.search(r"\bmax_depth\s*=\s*None\b", script) is not None
     imputer = "SimpleImputer(" in script or "KNNImputer(" in script
@@ -164,7 +190,7 @@ def script_features(script: str, f: CardFacts) -> dict[str, float]:
     out = {
         "compiles": float(static is None or static[0] != Status.MALFORMED),
         "undefined_names": float(static is not None and static[0] == Status.RUNTIME_ERROR),
-        "log_chars": math.log1p(len(script)),
+        "log_chars": math.log1p(n_chars),
         "log_lines": math.log1p(script.count("\n")),
         "reads_train": float("train.csv" in script),
         "reads_test": float("test.csv" in script),
