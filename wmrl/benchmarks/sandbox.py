@@ -77,6 +77,79 @@ def _timed_runs(pool, task, script: str, n: int) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(inside)
 
 
+# Output a script writes, for the supervisor's cost per byte: one byte per write for
+# ``seconds`` (the worst case for a loop that wakes per read), or the same stream in 64 KiB
+# writes. Each prints how many bytes it wrote to stderr.
+BYTE_WRITES = """
+import os, sys, time
+t, n = time.monotonic(), 0
+while time.monotonic() - t < {seconds}:
+    for _ in range(1000):
+        os.write(1, b"x")
+    n += 1000
+print("bytes", n, file=sys.stderr)
+"""
+BULK_WRITES = """
+import os, sys
+chunk = b"x" * 65536
+for _ in range({chunks}):
+    os.write(1, chunk)
+print("bytes", {chunks} * 65536, file=sys.stderr)
+"""
+
+
+def _cpu_s(pid: int) -> float | None:
+    """utime + stime of a process, from /proc (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def supervisor_cpu(pool, task, script: str, every_s: float = 0.02) -> tuple[float, int, object]:
+    """Run one execution alone on ``pool`` and sample, from /proc, the CPU seconds of its
+    supervisor (the template's child that runs and watches it; the script is that process's
+    child, counted apart). Returns (CPU seconds, bytes the script says it wrote, result).
+    Read from outside the sandbox code, so it measures any version of it alike; the last
+    sample comes at most ``every_s`` before the supervisor reports."""
+    template = pool._template.proc.pid
+    before = set(_children(template))
+    fut = pool.submit(task, script)
+    last: dict[int, float] = {}
+    while not fut.done():
+        for pid in _children(template):
+            if pid not in before and (cpu := _cpu_s(pid)) is not None:
+                last[pid] = cpu
+        time.sleep(every_s)
+    result = fut.result()
+    written = [w for w in result.stderr_tail.split() if w.isdigit()]
+    return sum(last.values()), int(written[-1]) if written else 0, result
+
+
+def output_cost(pool, task, seconds: float = 4.0) -> dict:
+    """The supervisor's CPU seconds per MB of a script's output, one-byte writes and 64 KiB
+    writes (the same amount of bytes or more), with the script's own run time."""
+    out = {}
+    cpu, n, r = supervisor_cpu(pool, task, BYTE_WRITES.format(seconds=seconds))
+    out["byte_writes"] = {"mb": n / 1e6, "supervisor_cpu_s": cpu, "runtime_s": r.runtime_s,
+                          "supervisor_cpu_s_per_mb": cpu / max(n / 1e6, 1e-9)}  # fmt: skip
+    chunks = max(16, -(-n // 65536))
+    cpu, n, r = supervisor_cpu(pool, task, BULK_WRITES.format(chunks=chunks))
+    out["bulk_writes"] = {"mb": n / 1e6, "supervisor_cpu_s": cpu, "runtime_s": r.runtime_s,
+                          "supervisor_cpu_s_per_mb": cpu / max(n / 1e6, 1e-9)}  # fmt: skip
+    return out
+
+
 def run_benchmark(max_workers: int, batch: int, repeats: int = 10) -> dict:
     from wmrl.autoresearch.env.pool import SandboxPool
 
@@ -95,6 +168,7 @@ def run_benchmark(max_workers: int, batch: int, repeats: int = 10) -> dict:
             empty, empty_inside = _timed_runs(pool, task, EMPTY, repeats)
             imports, _ = _timed_runs(pool, task, IMPORTS, repeats)
             real, _ = _timed_runs(pool, task, REAL, max(3, repeats // 3))
+            res["output_cost"] = output_cost(pool, task)
         res["overhead_s"] = empty
         res["overhead_in_sandbox_s"] = empty_inside
         res["overhead_fresh_interpreter_s"] = exec_empty
@@ -231,6 +305,12 @@ def _table(res: dict) -> str:
             f"{s['real_script_total_s']:.3f} / {s['real_script_work_s']:.3f} s",
         ),
     ]
+    for kind, c in res.get("output_cost", {}).items():
+        rows.append((
+            f"supervisor CPU per MB of output, {kind.replace('_', ' ')}",
+            f"{c['supervisor_cpu_s_per_mb']:.4f} s  ({c['supervisor_cpu_s']:.2f} s for "
+            f"{c['mb']:.1f} MB in {c['runtime_s']:.1f} s)",
+        ))  # fmt: skip
     base = res["executions_per_s"]["1"]
     for n, eps in res["executions_per_s"].items():
         rows.append((f"executions/s, {n} worker(s)", f"{eps:.2f}  (x{eps / base:.2f})"))

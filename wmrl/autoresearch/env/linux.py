@@ -279,3 +279,52 @@ def owner_alive(tag: str) -> bool | None:
     if not (pid.isascii() and pid.isdigit() and start.isascii() and start.isdigit()):
         return None
     return process_start_time(int(pid)) == int(start)
+
+
+def tcp_listeners() -> list[tuple[int, int | None, list[str]]]:
+    """Every TCP socket listening in this network namespace (IPv4 and IPv6), as (port, the
+    pid holding it or None where its owner is not readable to us, that process's command
+    line), from /proc/net and the processes' file descriptors."""
+    inodes: dict[str, int] = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(name) as f:
+            next(f, None)
+            for line in f:
+                fields = line.split()
+                if len(fields) > 9 and fields[3] == "0A":  # LISTEN
+                    inodes[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    owners: dict[str, int] = {}
+    if inodes:
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    with contextlib.suppress(OSError):
+                        link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                        if link.startswith("socket:[") and link[8:-1] in inodes:
+                            owners[link[8:-1]] = pid
+    out = []
+    for inode, port in inodes.items():
+        pid = owners.get(inode)
+        argv: list[str] = []
+        if pid is not None:
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        out.append((port, pid, argv))
+    return sorted(out, key=lambda t: (t[0], t[1] or 0))
+
+
+RAY_DAEMONS = ("raylet", "gcs_server", "plasma_store")
+
+
+def is_ray_process(argv: list[str]) -> bool:
+    """A Ray daemon or worker, by its command line: the raylet, the GCS, a worker (argv[0]
+    ``ray::...``) or a Python process running a module of the ``ray`` package (the client
+    server, the dashboard, default workers)."""
+    if not argv:
+        return False
+    if os.path.basename(argv[0]) in RAY_DAEMONS or argv[0].startswith("ray::"):
+        return True
+    return any(
+        "/site-packages/ray/" in a or "/dist-packages/ray/" in a or a.startswith("ray.")
+        for a in argv[1:]
+    )

@@ -34,6 +34,7 @@ import queue
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -160,18 +161,85 @@ def _installation_paths() -> list[str]:
     return [p for p in paths if p and os.path.exists(p)]
 
 
+# The template's working directory: one no sandbox uid can write (checked at the rlimits level).
+TEMPLATE_CWD = "/"
+
+
+def other_writable(path: str) -> str | None:
+    """Why a uid other than its owner (a sandbox uid above all) could create a file in the
+    directory ``path``, or None: world-writable (the sticky bit does not stop new files),
+    or owned by a sandbox uid."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode):
+        return None
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & stat.S_IWOTH:
+        return f"{path} (mode {mode:04o}) is writable by every user"
+    lo, hi = sandbox.UID_BASE, sandbox.UID_BASE + sandbox.UID_BLOCK * sandbox.UID_BLOCKS
+    if lo <= info.st_uid < hi:
+        return f"{path} belongs to the sandbox uid {info.st_uid}"
+    return None
+
+
+def rlimits_hazards() -> list[str]:
+    """What a script at the rlimits level (same network namespace and file system as the
+    trainer, run as a sandbox uid when we are root) could turn into code run by us.
+
+    - A directory Python imports from that the sandbox uid can write: the working directory
+      (``python -m`` and ``-c`` put it first on sys.path, so a planted ``json.py`` runs in
+      the next command started there), every other sys.path entry and the template's cwd.
+    - A Ray node on this host: its GCS, raylet and worker ports are reachable from the
+      sandbox, and Ray runs what it is sent as the user that runs Ray.
+    """
+    found = []
+    dirs = [os.getcwd(), TEMPLATE_CWD] + [p or os.getcwd() for p in sys.path]
+    for d in dict.fromkeys(os.path.realpath(p) for p in dirs):
+        why = other_writable(d)
+        if why:
+            found.append(
+                f"{why}: a script could plant a module that a later process "
+                "started there imports as this user"
+            )
+    ray = sorted(
+        {
+            (port, os.path.basename(argv[0]))
+            for port, _, argv in linux.tcp_listeners()
+            if linux.is_ray_process(argv)
+        }
+    )
+    if ray:
+        ports = ", ".join(f"{port} ({name})" for port, name in ray[:8])
+        found.append(
+            f"a Ray node listens on this host at TCP port {ports}{' ...' if len(ray) > 8 else ''}"
+            ": a script shares the host's network here and could submit tasks to it, which "
+            "Ray runs as its own user"
+        )
+    return found
+
+
 class _TemplateProcess:
     """The forkserver child and a reader thread that wakes waiting jobs."""
 
     def __init__(self, preimport: bool, home: str):
         repo_root = str(Path(__file__).resolve().parents[3])
-        # Nothing of the trainer's environment: every script is a fork of this process.
-        env = {**sandbox.base_env(), "HOME": home, "PYTHONPATH": repo_root}
-        cmd = [sys.executable, "-m", "wmrl.autoresearch.env.forkserver"]
+        # Nothing of the trainer's environment: every script is a fork of this process. Its
+        # sys.path is the installation and the checkout, never the caller's directory (-P,
+        # and a working directory of its own): a module planted where the trainer was
+        # started (at the rlimits level a script can write /tmp) is never imported as root.
+        env = {**sandbox.base_env(), "HOME": home, "PYTHONPATH": repo_root, "PYTHONSAFEPATH": "1"}
+        cmd = [sys.executable, "-P", "-m", "wmrl.autoresearch.env.forkserver"]
         if not preimport:
             cmd.append("--no-preimport")
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+            cwd=TEMPLATE_CWD,
         )
         line = self.proc.stdout.readline()
         if not line:
@@ -271,14 +339,27 @@ def _copy_public(public: Path, data_dir: Path) -> None:
     """Copy what the namespaces level would bind-mount: every file and directory of the task's
     ``public/`` (a built task's train.csv, test.csv and description.md; an imported
     competition's other files too). Symbolic links are copied as links, never followed, so a
-    link planted in ``public/`` cannot copy a file the sandbox uid could not read itself."""
+    link planted in ``public/`` cannot copy a file the sandbox uid could not read itself; and
+    no copy is readable by more users than its original (``_stage_file``)."""
     for entry in sorted(public.iterdir()):
         if entry.is_symlink():
             os.symlink(os.readlink(entry), data_dir / entry.name)
         elif entry.is_dir():
-            shutil.copytree(entry, data_dir / entry.name, symlinks=True)
+            shutil.copytree(entry, data_dir / entry.name, symlinks=True, copy_function=_stage_file)
         elif entry.is_file():
-            shutil.copyfile(entry, data_dir / entry.name)
+            _stage_file(entry, data_dir / entry.name)
+
+
+def _stage_file(src: str | Path, dst: str | Path) -> None:
+    """Copy one file for the sandbox, its permission bits never wider than the original's
+    (and no execute or set-id bit): root copies what the sandbox uid may read only if it could
+    have read the original, so a public name for a 0600 file (a hard link to the labels) stays
+    unreadable to it, as under the namespaces level's bind mount."""
+    mode = stat.S_IMODE(os.stat(src).st_mode) & 0o644
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    os.chmod(dst, mode)  # os.open's mode is narrowed by the umask, never widened
 
 
 def _check_traversable(path: str) -> None:
@@ -357,6 +438,16 @@ class SandboxPool:
         self._level = host_level if isolation == "auto" else isolation
         self._cgroup = cgroup == "cgroup"
         self.isolation = self._level + ("+cgroup" if self._cgroup else "")
+        if self._level == "rlimits":
+            hazards = rlimits_hazards()
+            if hazards:
+                self.close()
+                raise SandboxStartupError(
+                    "the rlimits sandbox refuses to start on this host: "
+                    + "; ".join(hazards)
+                    + ". Start from a directory only you can write (not /tmp), stop Ray on "
+                    "this host, or use the namespaces isolation (docs/sandbox.md)"
+                )
         if self._level == "rlimits" and os.geteuid() == 0:
             _check_traversable(self._workroot)
         if self.num_workers > sandbox.UID_BLOCK:

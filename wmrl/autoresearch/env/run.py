@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 
 from absl import app, flags
 
@@ -28,7 +29,7 @@ def _define_flags() -> None:
 
 def main(argv) -> None:
     del argv
-    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.env.pool import SandboxPool, SandboxStartupError
     from wmrl.autoresearch.env.task import TaskError, load_task
 
     if not FLAGS.task or not FLAGS.script:
@@ -41,7 +42,12 @@ def main(argv) -> None:
         raise app.UsageError(str(e)) from e
     with open(FLAGS.script, "rb") as f:
         source = f.read()
-    with SandboxPool(num_workers=1, isolation=FLAGS.isolation, prefork=FLAGS.prefork) as pool:
+    try:
+        pool = SandboxPool(num_workers=1, isolation=FLAGS.isolation, prefork=FLAGS.prefork)
+    except (SandboxStartupError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    with pool:
         result = pool.run(task, source).to_json()
     if isinstance(result["reward"], float) and math.isnan(result["reward"]):
         result["reward"] = None  # JSON has no NaN; UNGRADED is masked, not scored

@@ -433,17 +433,40 @@ def _status_fields(status: int, rusage) -> dict:
 
 
 class _Tail:
-    """Keep the last ``cap`` bytes of a stream and count the total."""
+    """Keep the last ``cap`` bytes of a stream and count the total (amortised O(1) work per
+    byte: the buffer is trimmed only once it holds twice the cap)."""
 
     def __init__(self, cap: int):
-        self.cap, self.buf, self.total = cap, b"", 0
+        self.cap, self.buf, self.total = cap, bytearray(), 0
 
     def add(self, chunk: bytes) -> None:
         self.total += len(chunk)
-        self.buf = (self.buf + chunk)[-self.cap :]
+        self.buf += chunk
+        if len(self.buf) > 2 * self.cap:
+            del self.buf[: len(self.buf) - self.cap]
 
     def text(self) -> str:
-        return self.buf.decode("utf-8", errors="replace")
+        return bytes(self.buf[-self.cap :] if self.cap else b"").decode("utf-8", errors="replace")
+
+
+# The supervisor's work per byte of output is bounded: it runs outside the job's one-core
+# cgroup, so a script making millions of one-byte writes must not make it spend a select and
+# a read on each. A read that returns less than SHORT_READ leaves its pipe unwatched for
+# OUTPUT_PAUSE_S while the script's writes collect in the pipe (PIPE_BYTES where the kernel
+# allows), so the supervisor wakes at most 1 / OUTPUT_PAUSE_S times a second per stream. A
+# script whose output outruns that blocks on its writes, as on a slow terminal.
+SHORT_READ = 1 << 15
+OUTPUT_PAUSE_S = 0.01
+PIPE_BYTES = 1 << 20
+READ_BYTES = 1 << 20
+F_SETPIPE_SZ = 1031
+
+
+def _widen_pipe(fd: int) -> None:
+    import fcntl
+
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
 
 
 def _make_job_cgroup(job: dict):
@@ -475,7 +498,7 @@ def _drain(fds: dict[int, _Tail], until: float) -> None:
             return
         ready, _, _ = select.select(list(open_fds), [], [], left)
         for fd in ready:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, READ_BYTES)
             if chunk:
                 open_fds[fd].add(chunk)
             else:
@@ -560,6 +583,8 @@ def supervise(job: dict, report=None) -> dict:
     err_r, err_w = os.pipe()
     ready_r, ready_w = os.pipe()
     tails = {out_r: _Tail(limits["output_tail_bytes"]), err_r: _Tail(limits["output_tail_bytes"])}
+    for fd in (out_r, err_r):
+        _widen_pipe(fd)
     pid = _start_script(job, uid, work, out_w, err_w, ready_w, cgroup)
     for fd in (out_w, err_w, ready_w):
         os.close(fd)
@@ -570,22 +595,32 @@ def supervise(job: dict, report=None) -> dict:
     watched = [out_r, err_r, ready_r] + ([exit_fd] if exit_fd is not None else [])
     deadline = t0 + limits["time_limit_s"]
     timed_out, setup_ok, fields = False, False, None
+    paused: dict[int, float] = {}  # output pipes left unwatched until then (SHORT_READ)
     while fields is None:
         now = time.monotonic()
         if now >= deadline:
             timed_out = True
             break
+        for fd, until in list(paused.items()):
+            if until <= now:
+                del paused[fd]
+                watched.append(fd)
         wait = deadline - now if exit_fd is not None else min(deadline - now, 0.005)
+        if paused:
+            wait = max(0.0, min(wait, min(paused.values()) - now))
         for fd in select.select(watched, [], [], wait)[0]:
             if fd == exit_fd:
                 continue
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, READ_BYTES)
             if fd == ready_r:
                 setup_ok = setup_ok or chunk == b"1"
             elif chunk:
                 tails[fd].add(chunk)
             if not chunk:
                 watched.remove(fd)
+            elif fd != ready_r and len(chunk) < SHORT_READ:
+                watched.remove(fd)
+                paused[fd] = now + OUTPUT_PAUSE_S
         got, status, rusage = os.wait4(pid, os.WNOHANG)
         if got == pid:
             fields = _status_fields(status, rusage)
