@@ -43,6 +43,19 @@ from wmrl.autoresearch.env.ids import canonical_id
 from wmrl.autoresearch.env.metrics import Metric, get_metric
 
 TASK_TYPES = ("classification", "regression")
+SPLITS = ("train", "heldout")
+# What task.json's provenance holds as text (the builders add other fields, kept as they are).
+PROVENANCE_TEXTS = ("source", "licence", "notes")
+# The scores each metric can give (a reference score outside them is no submission's: it
+# would move every percentile).
+SCORE_RANGES = {
+    "accuracy": (0.0, 1.0),
+    "f1_macro": (0.0, 1.0),
+    "roc_auc": (0.0, 1.0),
+    "rmse": (0.0, math.inf),
+    "mae": (0.0, math.inf),
+    "r2": (-math.inf, 1.0),
+}
 REQUIRED_FIELDS = ("id", "type", "metric", "target", "id_column", "time_limit_s", "memory_mb")
 
 # Upper bounds of a task's limits. An execution holds a sandbox slot, and a trainer step
@@ -97,6 +110,69 @@ def check_memory_mb(value) -> int:
             f"(1 TiB), got {value!r}"
         )
     return int(value)
+
+
+def check_split(value) -> str:
+    """The split, "train" or "heldout" (a held-out task is never trained on)."""
+    if not isinstance(value, str) or value not in SPLITS:
+        raise TaskError(f"split must be one of {SPLITS}, got {value!r}")
+    return value
+
+
+def check_provenance(value) -> dict:
+    """A JSON object whose `PROVENANCE_TEXTS` fields, where present, are text."""
+    if not isinstance(value, dict):
+        raise TaskError(
+            f'provenance must be a JSON object such as {{"source": ..., "licence": ...}}, '
+            f"got {type(value).__name__} {_short(value)}"
+        )
+    for name in PROVENANCE_TEXTS:
+        if name in value and not isinstance(value[name], str):
+            raise TaskError(f"provenance.{name} must be text, got {_short(value[name])}")
+    return dict(value)
+
+
+def check_reference_scores(board, metric: Metric) -> tuple[float, ...]:
+    """leaderboard.json's scores: a JSON object with a `scores` list of finite numbers the
+    metric can give (`SCORE_RANGES`), and, if it names one, the task's metric. A NaN
+    reference counts as better than every submission (no percentile could reach 1), an
+    infinite one as worse or better than all of them."""
+    if not isinstance(board, dict):
+        raise TaskError(
+            f"leaderboard.json must be a JSON object with a 'scores' list, got "
+            f"{type(board).__name__}"
+        )
+    if "metric" in board and board["metric"] != metric.name:
+        raise TaskError(
+            f"leaderboard.json: metric {_short(board['metric'])} is not the task's metric "
+            f"{metric.name}"
+        )
+    scores = board.get("scores")
+    if not isinstance(scores, list):
+        raise TaskError(f"leaderboard.json needs a 'scores' list, got {_short(scores)}")
+    low, high = SCORE_RANGES.get(metric.name, (-math.inf, math.inf))
+    for i, score in enumerate(scores):
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            raise TaskError(f"leaderboard.json: scores[{i}] is {_short(score)}, not a number")
+        if not math.isfinite(score):
+            raise TaskError(
+                f"leaderboard.json: scores[{i}] is {score}; reference scores must be finite"
+            )
+        if not low <= score <= high:
+            bound = (
+                f"between {low:g} and {high:g}" if math.isfinite(low) and math.isfinite(high)
+                else f"at least {low:g}" if math.isfinite(low) else f"at most {high:g}"
+            )  # fmt: skip
+            raise TaskError(
+                f"leaderboard.json: scores[{i}] is {score!r}; {metric.name} scores lie {bound}"
+            )
+    return tuple(float(s) for s in scores)
+
+
+def _short(value) -> str:
+    """A value's repr for an error line, shortened to its first 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def colliding_ids(ids: Iterable[str]) -> tuple[str, str] | None:
@@ -197,16 +273,34 @@ def _first_column(path: Path) -> list[str]:
 
 def make_private(root: Path) -> None:
     """``private/`` and every file in it unreadable to other uids (the rlimits sandbox runs
-    scripts as one): repaired to 0700 / 0600, with a warning, when they are ours; a
-    TaskError naming the path and its mode when they are not. Modes are read through
-    symlinks: what counts is whether the sandbox uid could open the labels."""
+    scripts as one), and nothing of it reachable from ``public/``.
+
+    - Modes: repaired to 0700 / 0600, with a warning, when they are ours; a TaskError naming
+      the path and its mode when they are not.
+    - Links: a symbolic link in ``private/`` (or ``private/`` itself one) is refused, never
+      followed: its target lies outside the task, and nothing outside the task directory is
+      ever changed. A file of ``public/`` that shares its inode with one of ``private/`` (a
+      hard link) is refused: the sandbox would read the labels under the public name.
+    """
     private = root / "private"
-    for path in [private, *sorted(p for p in private.iterdir() if p.is_file())]:
-        st = path.stat()
+    if private.is_symlink():
+        raise TaskError(f"task {root.name}: {private} is a symbolic link; it must be a directory")
+    hidden: dict[tuple[int, int], Path] = {}
+    paths = [private, *sorted(private.iterdir())]
+    for path in paths:
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            raise TaskError(
+                f"task {root.name}: {path} is a symbolic link (to {os.readlink(path)!r}); "
+                "private/ must hold regular files only"
+            )
+        if path is not private and not stat.S_ISREG(st.st_mode):
+            continue
+        hidden[(st.st_dev, st.st_ino)] = path
         mode = stat.S_IMODE(st.st_mode)
         if not mode & 0o077:  # nothing for group or others
             continue
-        new = 0o700 if path.is_dir() else 0o600
+        new = 0o700 if path is private else 0o600
         if st.st_uid != os.geteuid():
             raise TaskError(
                 f"task {root.name}: {path} has mode {mode:04o}, so a sandboxed script could read "
@@ -214,7 +308,7 @@ def make_private(root: Path) -> None:
                 f"{new:04o} (chmod go-rwx)"
             )
         try:
-            os.chmod(path, new)
+            os.chmod(path, new, follow_symlinks=False)
         except OSError as e:
             raise TaskError(
                 f"task {root.name}: {path} has mode {mode:04o}, so a sandboxed script could read "
@@ -228,6 +322,13 @@ def make_private(root: Path) -> None:
             mode,
             new,
         )
+    for path in sorted((root / "public").rglob("*")):
+        st = path.lstat()
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) in hidden:
+            raise TaskError(
+                f"task {root.name}: {path} is a hard link to "
+                f"{hidden[(st.st_dev, st.st_ino)]}: the sandbox would read the hidden labels"
+            )
 
 
 def load_task(root: str | os.PathLike) -> Task:
@@ -251,13 +352,20 @@ def load_task(root: str | os.PathLike) -> Task:
             raise TaskError(f"task {root.name}: missing file {rel}")
     try:
         meta = json.loads((root / "task.json").read_text())
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply
         raise TaskError(f"task {root.name}: task.json is not valid JSON ({e})") from e
+    if not isinstance(meta, dict):
+        raise TaskError(
+            f"task {root.name}: task.json must be a JSON object of fields, got "
+            f"{type(meta).__name__}"
+        )
     missing = [k for k in REQUIRED_FIELDS if k not in meta]
     if missing:
         raise TaskError(f"task {root.name}: task.json lacks fields {missing}")
     if meta["type"] not in TASK_TYPES:
-        raise TaskError(f"task {root.name}: type {meta['type']!r} not in {TASK_TYPES}")
+        raise TaskError(f"task {root.name}: type {_short(meta['type'])} not in {TASK_TYPES}")
+    if not isinstance(meta["metric"], str):
+        raise TaskError(f"task {root.name}: metric must be a metric's name, got {_short(meta['metric'])}")
     try:
         metric = get_metric(meta["metric"])
     except ValueError as e:
@@ -303,13 +411,15 @@ def load_task(root: str | os.PathLike) -> Task:
         )
     try:
         board = json.loads((root / "leaderboard.json").read_text())
-        scores = tuple(float(s) for s in board["scores"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise TaskError(f"task {root.name}: leaderboard.json needs a 'scores' list ({e})") from e
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply
+        raise TaskError(f"task {root.name}: leaderboard.json is not valid JSON ({e})") from e
     try:
+        scores = check_reference_scores(board, metric)
         task_id = check_id(meta["id"])
         time_limit_s = check_time_limit(meta["time_limit_s"])
         memory_mb = check_memory_mb(meta["memory_mb"])
+        split = check_split(meta.get("split", "train"))
+        provenance = check_provenance(meta.get("provenance", {}))
     except TaskError as e:
         raise TaskError(f"task {root.name}: {e}") from e
     make_private(root)
@@ -322,8 +432,8 @@ def load_task(root: str | os.PathLike) -> Task:
         id_column=id_col,
         time_limit_s=time_limit_s,
         memory_mb=memory_mb,
-        provenance=dict(meta.get("provenance", {})),
-        split=str(meta.get("split", "train")),
+        provenance=provenance,
+        split=split,
         reference_scores=scores,
     )
 
