@@ -365,7 +365,9 @@ def load_task(root: str | os.PathLike) -> Task:
     if meta["type"] not in TASK_TYPES:
         raise TaskError(f"task {root.name}: type {_short(meta['type'])} not in {TASK_TYPES}")
     if not isinstance(meta["metric"], str):
-        raise TaskError(f"task {root.name}: metric must be a metric's name, got {_short(meta['metric'])}")
+        raise TaskError(
+            f"task {root.name}: metric must be a metric's name, got {_short(meta['metric'])}"
+        )
     try:
         metric = get_metric(meta["metric"])
     except ValueError as e:
