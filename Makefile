@@ -45,18 +45,24 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # Two tiers: the fast one (in-process: units, references, fake executors) first, then the real
 # one (`real` marker: sandboxes, Ray nodes, subprocesses, multi-process JAX, end-to-end runs).
+# The real tier's Ray tests (`ray` marker) run after the others, never beside them: an rlimits
+# sandbox refuses to start while a Ray node listens on the host (docs/sandbox.md).
+REAL_TIER = $(PY) -m pytest -m "real and not slow and not ray" -q --durations=15 $(XDIST) && \
+	$(PY) -m pytest -m "ray and not slow" -q --durations=15 $(XDIST)
+
 test: lint setup-test
 	$(PY) -m pytest -m "not slow and not real" -q --durations=15 $(XDIST)
-	$(PY) -m pytest -m "real and not slow" -q --durations=15 $(XDIST)
+	$(REAL_TIER)
 
 test-fast: setup-test
 	$(PY) -m pytest -m "not slow and not real" -q --durations=15 $(XDIST)
 
 test-real: setup-test
-	$(PY) -m pytest -m "real and not slow" -q --durations=15 $(XDIST)
+	$(REAL_TIER)
 
 test-slow: setup-test
-	$(PY) -m pytest -m slow -q
+	$(PY) -m pytest -m "slow and not ray" -q
+	$(PY) -m pytest -m "slow and ray" -q
 
 test-all: lint setup-test
 	$(PY) -m pytest -q

@@ -11,7 +11,7 @@ import pytest
 from tests.support.rl_fixtures import tiny_config
 from wmrl.autoresearch.experiment import run
 
-pytestmark = pytest.mark.real  # real sandboxes / processes / end-to-end runs
+pytestmark = [pytest.mark.real, pytest.mark.ray]  # real sandboxes, a Ray cluster
 
 pytest.importorskip("ray", reason="the Ray extra (requirements-ray.txt) is not installed")
 

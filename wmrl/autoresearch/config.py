@@ -70,7 +70,7 @@ class SuiteConfig(Section):
     # Where sandboxes run (docs/ray.md): "local" (this host) | "ray" (one pool per Ray node).
     executor: str = setting("local", choices=EXECUTORS)
     ray_address: str = "auto"  # "auto" | "local" (start one here) | "ray://host:port"
-    allow_mixed_isolation: bool = False  # executor=ray: accept nodes at the rlimits level
+    allow_mixed_isolation: bool = False  # executor=ray: accept nodes at different namespaces levels
     time_limit_s: float = setting(20.0, above=0)  # caps each task's own time limit (s)
 
     def check(self) -> None:

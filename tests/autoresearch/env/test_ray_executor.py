@@ -3,14 +3,13 @@ node) on this machine, real scripts in each node's real sandbox pool.
 
 Fast suite: field and address errors, the missing extra, grading identical to the local pool,
 the cluster's free slots, the attack on Ray from a sandbox, a few adversarial scripts, a node
-removed mid-batch, the refusal of a node at the rlimits level. Slow: every adversarial
-script against the local pool's statuses, and what the rlimits level exposes.
+removed mid-batch, the refusal of the rlimits level beside a Ray node (a local pool or a
+node's own). Slow: every adversarial script against the local pool's statuses.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import os
 import socket
 import sys
@@ -22,11 +21,12 @@ import pytest
 from tests.support.autoresearch_fixtures import GOOD_SCRIPT, good_script_score, make_tiny_task
 from wmrl.autoresearch.env.executor import make_executor, validate_suite_executor
 from wmrl.autoresearch.env.grader import Status
-from wmrl.autoresearch.env.pool import SandboxPool
+from wmrl.autoresearch.env.pool import SandboxPool, SandboxStartupError
 from wmrl.config_errors import ConfigError
 
 pytestmark = [
     pytest.mark.real,
+    pytest.mark.ray,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox"),
 ]
 
@@ -428,42 +428,25 @@ def test_every_adversarial_script_gets_the_local_pools_status_on_ray(ray_pool, t
     assert_nodes_clean(ray_pool)
 
 
-def test_rlimits_node_is_refused_unless_mixed_isolation_is_allowed(cluster):
+def test_an_rlimits_sandbox_never_runs_beside_a_ray_node(cluster):
+    """At the rlimits level a script shares the host's network: the GCS and raylet ports
+    answer it, and Ray runs what it is sent as the user that runs Ray (root here). The
+    combination is refused: a local rlimits pool on a host where a Ray node listens (naming
+    the GCS port), and a Ray node whose own pool would run at rlimits, whether or not
+    allow_mixed_isolation is set. (startup_check=False: the refusal comes before the canary.)"""
+    gcs_port = int(cluster.address.rsplit(":", 1)[1])
+    with pytest.raises(
+        SandboxStartupError, match=rf"a Ray node listens on this host at TCP port .*{gcs_port}"
+    ):
+        SandboxPool(1, isolation="rlimits", startup_check=False)
     t0 = time.monotonic()
-    with pytest.raises(ValueError, match=r"suite\.allow_mixed_isolation.*rlimits"):
-        # (startup_check=False: on a host whose Python the rlimits slot uid cannot read the
-        # node's pool would refuse to start before the isolation check is reached)
-        RayExecutor(1, address=cluster.address, isolation=["auto", "rlimits"], startup_check=False)
-    assert time.monotonic() - t0 < 120
-
-
-@pytest.mark.slow
-def test_what_the_rlimits_level_exposes_on_a_ray_node(cluster, task):
-    """docs/ray.md, allow_mixed_isolation: the scrubbed environment and (as root) the per-slot
-    uid still hold; the node's ports, unix sockets and session dir are reachable."""
-    with RayExecutor(
-        1, address=cluster.address, isolation=["auto", "rlimits"], allow_mixed_isolation=True,
-        startup_check=False,
-    ) as pool:  # fmt: skip
-        assert pool.isolation.startswith("mixed:") and "rlimits" in pool.isolation
-        surfaces = surfaces_of(pool)
-        futs = pool.submit_batch([(task, attack_script(surfaces))] * 2)
-        by_level = {f.result().isolation.partition("+")[0]: f.result() for f in futs}
-        assert set(by_level) == {"namespaces", "rlimits"}
-        strong, weak = by_level["namespaces"].stdout_tail, by_level["rlimits"].stdout_tail
-        assert "unix-connected" not in weak or os.geteuid() != 0
-        assert "wrote" in weak  # it can plant files in Ray's session dir and runtime caches
-        for s in surfaces:
-            for d in (s["session_dir"], f"{s['session_dir']}/runtime_resources/py_modules_files"):
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(d, "wmrl-sandbox-probe"))
-        assert "connected" not in strong
-        assert "env []" in weak and "env values []" in weak  # the environment is scrubbed
-        assert "connected" in weak  # the node's Ray ports answer: no network namespace
-        assert "tmp/ray True" in weak  # the session dir is in view
-        if os.geteuid() == 0:  # a per-slot uid cannot signal the actor or its template
-            assert "reached" not in weak.replace("unreached", "")
-        assert pool.run(task, GOOD_SCRIPT).status == Status.VALID
+    for allow in (False, True):
+        with pytest.raises(RuntimeError, match=r"(?s)could not start.*a Ray node listens on this"):
+            RayExecutor(
+                1, address=cluster.address, isolation=["auto", "rlimits"],
+                allow_mixed_isolation=allow, startup_check=False,
+            )  # fmt: skip
+    assert time.monotonic() - t0 < 240
 
 
 def test_node_removed_mid_batch_completes_elsewhere(cluster, ray_pool, task):

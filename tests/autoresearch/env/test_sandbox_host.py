@@ -201,3 +201,53 @@ def test_one_byte_writes_cost_the_supervisor_little(task):
     assert written > 100_000, r.stderr_tail
     assert r.stdout_tail.endswith("x" * 1000)
     assert cpu < max(0.1, 0.2 * r.runtime_s), (cpu, written, r.runtime_s)
+
+
+# -- state left in the host's IPC namespace ---------------------------------------------------
+
+IPC_PROBE = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+calls = {
+    "shmget": lambda: libc.shmget(KEY, 4096, 0o1666),  # IPC_CREAT | 0666
+    "semget": lambda: libc.semget(KEY + 1, 1, 0o1666),
+    "msgget": lambda: libc.msgget(KEY + 2, 0o1666),
+    "mq_open": lambda: libc.mq_open(b"/wmrl-probe", 0o102, 0o666, None),  # O_CREAT | O_RDWR
+}
+for name, call in calls.items():
+    ctypes.set_errno(0)
+    print(name, call(), ctypes.get_errno())
+"""
+
+
+def _ipc_rows(kind: str, key: int) -> list[str]:
+    with open(f"/proc/sysvipc/{kind}") as f:
+        return [line for line in f if line.split()[0] in (str(key), f"{key:#x}")]
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="syscall numbers")
+@pytest.mark.parametrize("level", ["auto", "rlimits"])
+def test_no_ipc_object_outlives_an_execution(task, level):
+    """At the rlimits level System V shared memory, semaphores and message queues, and POSIX
+    message queues, live in the host's IPC namespace: one execution could leave data for
+    the next (or for a later task's script). Creating any of them fails with EPERM at every
+    level (ctypes is imported by the template, so this runs where the rlimits uid cannot
+    read the installation too); nothing with the probe's keys is left on the host."""
+    key = 0x57A1 + (0 if level == "auto" else 16)
+    pool, _ = rlimits_pool(num_workers=1) if level == "rlimits" else (SandboxPool(1), True)
+    try:
+        with pool:
+            r = pool.run(task, f"KEY = {key}\n" + IPC_PROBE)
+        lines = dict(line.split(" ", 1) for line in r.stdout_tail.strip().splitlines())
+        assert set(lines) == {"shmget", "semget", "msgget", "mq_open"}, r
+        for name, out in lines.items():
+            assert out.split() == ["-1", "1"], (name, out)  # -1, errno EPERM
+        for kind, k in (("shm", key), ("sem", key + 1), ("msg", key + 2)):
+            assert _ipc_rows(kind, k) == []
+    finally:  # what an unfixed sandbox leaves behind
+        for flag, k in (("-M", key), ("-S", key + 1), ("-Q", key + 2)):
+            subprocess.run(["ipcrm", flag, hex(k)], capture_output=True)
+        import ctypes
+
+        ctypes.CDLL(None).mq_unlink(b"/wmrl-probe")

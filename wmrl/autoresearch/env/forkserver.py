@@ -154,7 +154,7 @@ def main() -> None:
     importlib.import_module("wmrl.autoresearch.env.grader")  # once: no import per grading
     importlib.import_module("wmrl.autoresearch.env.competitions.grading")  # imported tasks'
     isolation = sandbox.detect_isolation()
-    linux.keyring_filter()  # built once here, installed by each execution
+    linux.state_filter()  # built once here, installed by each execution
     base_vm_mb = sandbox._vm_size_mb()
     out = sys.stdout
     # The fork code below assumes this process owns no threads besides this one.

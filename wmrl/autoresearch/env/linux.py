@@ -201,22 +201,31 @@ def kill_uid(uid: int, timeout: float = 2.0) -> None:
         time.sleep(0.005)
 
 
-# Kernel keyrings are per uid, not per namespace: a key one execution adds is readable by
-# the next one in the same slot (and outlives the pool). The sandbox denies the three
-# keyring syscalls outright. (audit arch, (add_key, request_key, keyctl)) per machine.
-_KEYRING_SYSCALLS = {
-    "x86_64": (0xC000003E, (248, 249, 250)),
-    "aarch64": (0xC00000B7, (217, 218, 219)),
+# State that outlives an execution outside its view, denied outright: kernel keyrings are per
+# uid, not per namespace (a key one execution adds is readable by the next one in the same
+# slot, and outlives the pool); System V shared memory, semaphores and message queues and
+# POSIX message queues live in the host's IPC namespace at the rlimits level (the namespaces
+# level has its own). Python ML code uses none of them (multiprocessing and joblib share
+# memory through files). (audit arch, syscall numbers) per machine: add_key, request_key,
+# keyctl; shmget, shmat, shmctl, semget, semop, semctl, shmdt, msgget, msgsnd, msgrcv,
+# msgctl, semtimedop; mq_open, mq_unlink, mq_timedsend, mq_timedreceive, mq_notify,
+# mq_getsetattr.
+_DENIED_SYSCALLS = {
+    "x86_64": (
+        0xC000003E,
+        (248, 249, 250, 29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, *range(240, 246)),
+    ),
+    "aarch64": (0xC00000B7, (217, 218, 219, *range(180, 198))),
 }
 
 
 @functools.cache
-def keyring_filter():
+def state_filter():
     """The seccomp program (built once, in the template, so each execution only installs
-    it): add_key, request_key and keyctl fail with EPERM, as does every syscall of a
-    foreign ABI (x32, or i386 through int 0x80, with other numbers). None on a machine
-    whose syscall numbers are not known here."""
-    known = _KEYRING_SYSCALLS.get(platform.machine())
+    it): the keyring and IPC syscalls of ``_DENIED_SYSCALLS`` fail with EPERM, as does every
+    syscall of a foreign ABI (x32, or i386 through int 0x80, with other numbers). None on a
+    machine whose syscall numbers are not known here."""
+    known = _DENIED_SYSCALLS.get(platform.machine())
     if known is None:
         return None
     arch, numbers = known
@@ -241,13 +250,13 @@ def keyring_filter():
     return buf, SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
 
 
-def deny_keyring_syscalls() -> bool:
-    """Install the keyring seccomp filter (``keyring_filter``) on the calling process.
+def deny_state_syscalls() -> bool:
+    """Install the seccomp filter (``state_filter``) on the calling process.
 
     Needs no_new_privs (or CAP_SYS_ADMIN); inherited by children and kept across execve.
     Returns False on a machine whose syscall numbers are not known here.
     """
-    built = keyring_filter()
+    built = state_filter()
     if built is None:
         return False
     ret = _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(built[1]), 0, 0)

@@ -203,13 +203,12 @@ def rlimits_hazards() -> list[str]:
                 f"{why}: a script could plant a module that a later process "
                 "started there imports as this user"
             )
-    ray = sorted(
-        {
-            (port, os.path.basename(argv[0]))
-            for port, _, argv in linux.tcp_listeners()
-            if linux.is_ray_process(argv)
-        }
-    )
+    ray = {
+        (port, os.path.basename(argv[0]))
+        for port, _, argv in linux.tcp_listeners()
+        if linux.is_ray_process(argv)
+    }
+    ray = sorted(ray, key=lambda p: (p[1] not in linux.RAY_DAEMONS, p))  # the GCS, raylet first
     if ray:
         ports = ", ".join(f"{port} ({name})" for port, name in ray[:8])
         found.append(
@@ -229,7 +228,7 @@ class _TemplateProcess:
         # sys.path is the installation and the checkout, never the caller's directory (-P,
         # and a working directory of its own): a module planted where the trainer was
         # started (at the rlimits level a script can write /tmp) is never imported as root.
-        env = {**sandbox.base_env(), "HOME": home, "PYTHONPATH": repo_root, "PYTHONSAFEPATH": "1"}
+        env = {**sandbox.base_env(), "HOME": home, "PYTHONPATH": repo_root}
         cmd = [sys.executable, "-P", "-m", "wmrl.autoresearch.env.forkserver"]
         if not preimport:
             cmd.append("--no-preimport")

@@ -17,8 +17,10 @@
   executions go back to the queue and run elsewhere, and only a second infrastructure failure
   makes an execution ``UNGRADED`` (as the local pool's retry does). Agent failures are never
   retried. Nodes that join after start-up are not used.
-* Isolation: every node reports its level; a node at the ``rlimits`` fallback, or nodes at
-  different levels, are refused unless ``allow_mixed_isolation=True`` (docs/ray.md).
+* Isolation: every node reports its level; nodes at different levels are refused unless
+  ``allow_mixed_isolation=True``. A node at the ``rlimits`` fallback is always refused: its
+  sandboxes would share the node's network with Ray's own ports (its pool refuses to start
+  there, ``pool.rlimits_hazards``; docs/ray.md).
 * The wmrl code is shipped to the actors with the job (``runtime_env`` ``py_modules``) when
   the executor connects, so nodes need only the same Python environment (requirements.txt).
 """
@@ -252,8 +254,8 @@ class RayExecutor:
       workers_per_node: slots per node (``suite.workers``; default: each node's cores).
       address: ``auto``, ``local`` or ``ray://host:port`` / ``host:port``; ignored when this
         process is already connected (``ray.init`` done by the caller).
-      allow_mixed_isolation: accept nodes at the rlimits fallback, and nodes at different
-        levels (docs/ray.md says what that exposes).
+      allow_mixed_isolation: accept nodes at different namespaces levels (with and without
+        the job cgroup). A node at the rlimits fallback is refused whatever this says.
       isolation: passed to every node's pool ("auto": its strongest), or one level per node
         (in node order) to force a weaker one on some.
       node_resource: only nodes with this custom resource (e.g. ``sandbox``, given to
@@ -346,19 +348,20 @@ class RayExecutor:
         levels = {n.node_id: n.isolation for n in self._nodes.values()}
         weak = sorted(i for i, lv in levels.items() if lv.partition("+")[0] == "rlimits")
         distinct = sorted(set(levels.values()))
-        if not allow_mixed and (weak or len(distinct) > 1):
+        if weak or (not allow_mixed and len(distinct) > 1):
             self._kill_actors()
             self._disconnect()
-            what = (
-                f"{len(weak)} node(s) ({', '.join(w[:12] for w in weak)}) can only run the "
-                "rlimits fallback (no namespaces: the node's pool is not root / has no "
-                "CAP_SYS_ADMIN)"
-                if weak
-                else f"nodes run different isolation levels {distinct}"
-            )
+            if weak:  # (its pool refuses first where it can see the node's Ray ports)
+                raise ValueError(
+                    f"{len(weak)} Ray node(s) ({', '.join(w[:12] for w in weak)}) can only run "
+                    "the rlimits fallback (no namespaces: the node's pool is not root / has no "
+                    "CAP_SYS_ADMIN), whose sandboxes would reach the node's Ray ports; "
+                    "executor='ray' needs namespaces on every node (docs/ray.md)"
+                )
             raise ValueError(
-                f"suite.allow_mixed_isolation: {what}; executor='ray' refuses this unless "
-                "suite.allow_mixed_isolation=True (docs/ray.md: what the rlimits level exposes)"
+                f"suite.allow_mixed_isolation: nodes run different isolation levels "
+                f"{distinct}; executor='ray' refuses this unless "
+                "suite.allow_mixed_isolation=True (docs/ray.md)"
             )
         self.isolation = distinct[0] if len(distinct) == 1 else "mixed:" + ",".join(distinct)
 

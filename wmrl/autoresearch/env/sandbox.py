@@ -34,7 +34,8 @@ Isolation levels (``detect_isolation`` picks the strongest the host allows):
 
 Both levels: an allowlisted environment (``base_env``: nothing of the
 trainer's, not even on the forked stack), a seccomp filter denying the kernel
-keyring syscalls (keyrings are per uid and would carry state between
+keyring syscalls and System V / POSIX-message-queue IPC (keyrings are per uid, and at the
+rlimits level IPC objects live in the host's namespace: both would carry state between
 executions), per-execution seeds for ``random``/``numpy.random`` in prefork
 mode (``execution_seed``), and, without a CPU quota, the slot's own core by
 affinity.
@@ -90,7 +91,7 @@ from wmrl.autoresearch.env.linux import (
     SANDBOX_DATA,
     SANDBOX_WORK,
     build_root,
-    deny_keyring_syscalls,
+    deny_state_syscalls,
     kill_uid,
     live_pids_with_uid,
     mount,
@@ -336,7 +337,7 @@ def _become_script(
             os.setuid(uid)
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a credential change clears it
         prctl(PR_SET_NO_NEW_PRIVS, 1)
-        deny_keyring_syscalls()
+        deny_state_syscalls()
         for res, val in (
             (resource.RLIMIT_CPU, (cpu, cpu + 1)),
             (resource.RLIMIT_AS, (mem, mem)),
