@@ -14,6 +14,20 @@ Four competitions cover what the grader must handle:
     md-leaf-probs    MLE-Dojo, class-probability columns, multi-class log loss (lower is
                      better), rows scored whole
 
+Others, built only by the tests that name them, reproduce what real competitions do:
+
+    mb-spaceship     MLE-bench, accuracy on True/False answers (spaceship-titanic's), id
+                     column PassengerId
+    mb-click-auc     MLE-bench, ROC AUC on one 0/1 column (its grade.py range-checks)
+    mb-essay-kappa   MLE-bench, quadratic weighted kappa on grades 1-6
+    md-access        MLE-Dojo, ROC AUC, a train.csv without an id column (as
+                     amazon-employee-access-challenge's prepare.py writes it)
+    conductors       both benchmarks under the same id (nomad2018's two columns, mean
+                     column-wise RMSLE, lower is better)
+
+An MLE-bench data dir also keeps the Kaggle download ``<id>/<id>.zip`` (``mlebench prepare``
+leaves it there), which holds the original train.csv and so every answer.
+
 Every leaderboard is hand-made (``BOARDS``), so a test can compute ranks, medals and
 position scores by hand.
 """
@@ -25,6 +39,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -46,15 +61,38 @@ BOARDS = {
         "private": [0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.1, 1.5],
         "public": [0.2, 0.4, 0.8, 1.6],
     },
+    "mb-spaceship": {"leaderboard": [round(0.82 - 0.006 * i, 5) for i in range(50)]},
+    "mb-click-auc": {"leaderboard": [round(0.95 - 0.008 * i, 5) for i in range(50)]},
+    "mb-essay-kappa": {"leaderboard": [round(0.85 - 0.01 * i, 5) for i in range(50)]},
+    "md-access": {
+        "private": [0.92, 0.9, 0.88, 0.85, 0.8, 0.75, 0.7, 0.6],
+        "public": [0.91, 0.87, 0.8, 0.7],
+    },
+    "conductors": {
+        "leaderboard": [round(0.05 + 0.005 * i, 5) for i in range(50)],
+        "private": [0.05, 0.06, 0.08, 0.1, 0.2, 0.3],
+        "public": [0.055, 0.07, 0.12, 0.25],
+    },
 }
 METRIC_WORDS = {  # what each competition calls its metric (MLE-Dojo: the import's --metrics)
     "mb-house-price": "root-mean-squared-error",
     "mb-toxic-tags": "mean-column-wise-roc-auc",
     "md-flower-kind": "accuracy",
     "md-leaf-probs": "multi-class-log-loss",
+    "mb-spaceship": "accuracy",
+    "mb-click-auc": "auc-roc",
+    "mb-essay-kappa": "quadratic-weighted-kappa",
+    "md-access": "roc-auc",
+    "conductors": "mean-column-wise-rmsle",
 }
+ID_COLUMNS = {"mb-spaceship": "PassengerId"}  # default "id"
+LOWER_IS_BETTER = ("mb-house-price", "md-leaf-probs", "conductors")
 MLEBENCH = ("mb-house-price", "mb-toxic-tags")
 MLEDOJO = ("md-flower-kind", "md-leaf-probs")
+
+
+def id_column(name: str) -> str:
+    return ID_COLUMNS.get(name, "id")
 
 
 def _frames(name: str, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -64,7 +102,10 @@ def _frames(name: str, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
     n = N_TRAIN + N_TEST
     X = rng.normal(size=(n, 3))
     ids = np.arange(1000, 1000 + n)
-    feats = pd.DataFrame({"id": ids, "f0": X[:, 0], "f1": X[:, 1], "f2": X[:, 2]})
+    if name == "mb-spaceship":  # spaceship-titanic's ids: group and member, "0013_01"
+        ids = np.array([f"{i:04d}_{1 + i % 3:02d}" for i in range(n)])
+    key = id_column(name)
+    feats = pd.DataFrame({key: ids, "f0": X[:, 0], "f1": X[:, 1], "f2": X[:, 2]})
     if name == "mb-house-price":
         y = pd.DataFrame({"price": 3.0 * X[:, 0] - X[:, 1] + rng.normal(scale=0.5, size=n)})
     elif name == "mb-toxic-tags":
@@ -76,10 +117,25 @@ def _frames(name: str, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
     elif name == "md-flower-kind":
         kind = np.digitize(X[:, 0] + 0.3 * X[:, 1], [-0.5, 0.5])
         y = pd.DataFrame({"species": np.array(SPECIES)[kind]})
+    elif name == "mb-spaceship":  # pandas writes a bool column as True / False
+        y = pd.DataFrame({"Transported": X[:, 0] + 0.5 * X[:, 1] > 0})
+    elif name == "mb-click-auc":
+        y = pd.DataFrame({"clicked": (X[:, 0] - X[:, 2] > 0.2).astype(int)})
+    elif name == "md-access":
+        y = pd.DataFrame({"ACTION": (X[:, 1] > -0.8).astype(int)})
+    elif name == "mb-essay-kappa":
+        y = pd.DataFrame({"score": np.digitize(X[:, 0], [-1.2, -0.5, 0.0, 0.5, 1.2]) + 1})
+    elif name == "conductors":
+        y = pd.DataFrame({
+            "formation_energy_ev_natom": np.abs(0.2 + 0.05 * X[:, 0]),
+            "bandgap_energy_ev": np.abs(2.0 + 0.8 * X[:, 1]),
+        })  # fmt: skip
     else:  # md-leaf-probs: the label in train.csv, one probability column per class
         kind = np.digitize(X[:, 0] - 0.5 * X[:, 2], [-0.4, 0.4])
         y = pd.DataFrame({"leaf": np.array(["acer", "betula", "quercus"])[kind]})
     train = pd.concat([feats, y], axis=1)[:N_TRAIN]
+    if name == "md-access":  # MLE-Dojo's prepare.py: the id is added to test rows only
+        train = train.drop(columns=[key])
     test = feats[N_TRAIN:].reset_index(drop=True)
     truth = y[N_TRAIN:].reset_index(drop=True)
     if name == "md-leaf-probs":
@@ -87,7 +143,7 @@ def _frames(name: str, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
         for c in ("acer", "betula", "quercus"):
             answers[c] = (truth["leaf"] == c).astype(int)
     else:
-        answers = pd.concat([test[["id"]], truth], axis=1)
+        answers = pd.concat([test[[key]], truth], axis=1)
     return train, test, answers
 
 
@@ -135,6 +191,8 @@ def make_mlebench(root: Path, names=MLEBENCH) -> tuple[Path, Path]:
         (public / "description.md").write_text(f"# {name}\n\nPredict the columns of the sample.\n")
         answers.to_csv(private / "test.csv", index=False)
         _raw(data / name, train, test, answers)
+        with zipfile.ZipFile(data / name / f"{name}.zip", "w") as z:  # the Kaggle download
+            z.write(data / name / "raw" / "train.csv", "train.csv")
     return comps, data
 
 
@@ -157,7 +215,7 @@ def make_mledojo(root: Path, names=MLEDOJO) -> tuple[Path, Path]:
         train, test, answers = _frames(name)
         utils = comps / name / "utils"
         utils.mkdir(parents=True)
-        higher = "False" if name == "md-leaf-probs" else "True"
+        higher = "False" if name in LOWER_IS_BETTER else "True"
         (utils / "metric.py").write_text(
             DOJO_METRIC.format(cls="Metrics", doc=METRIC_WORDS[name], higher=higher)
         )
@@ -182,7 +240,11 @@ def _raw(comp_dir: Path, train, test, answers) -> None:
     """The benchmark's download: the original training data, the test rows' answers in it."""
     raw = comp_dir / "raw"
     raw.mkdir()
-    full = pd.concat([train, test.merge(answers, on="id")], ignore_index=True)
+    key = answers.columns[0]
+    rows = test.merge(answers, on=key)
+    if key not in train.columns:
+        rows = rows.drop(columns=[key])
+    full = pd.concat([train, rows], ignore_index=True)
     full.to_csv(raw / "train.csv", index=False)
 
 
@@ -195,12 +257,10 @@ def open_to_all(root: Path) -> None:
             os.chmod(os.path.join(dirpath, f), 0o644)
 
 
-def metrics_file(root: Path) -> Path:
-    """The JSON the import's --metrics takes for the MLE-Dojo competitions."""
-    import json
-
+def metrics_file(root: Path, names=MLEDOJO) -> Path:
+    """The JSON the import's --metrics takes for the MLE-Dojo competitions ``names``."""
     path = root / "dojo_metrics.json"
-    path.write_text(json.dumps({n: METRIC_WORDS[n] for n in MLEDOJO}))
+    path.write_text(json.dumps({n: METRIC_WORDS[n] for n in names}))
     return path
 
 

@@ -4,10 +4,11 @@ leaderboard, in either benchmark's layout, at either isolation level.
 The competitions are prepared as a download under umask 022 leaves them (everything
 readable by every user) in a directory every uid may enter, then imported through the CLI.
 A probe script, run through the real pool, tries to open every file that holds an answer or
-a leaderboard: the task's own ``private/`` and the benchmark's prepared answers, leaderboards
-and raw download. It prints what it could open. The controls show the probe can open what
-is open to it: the public data through DATA_DIR at both levels, and at the rlimits level a
-world-readable file next to the answers.
+a leaderboard: the task's own ``private/`` and the benchmark's prepared answers, leaderboards,
+raw download and (MLE-bench) the Kaggle zip. It prints what it could open. A process of a
+sandbox uid (forked, ``setuid``) tries the same files directly. The controls show the probe
+can open what is open to it: the public data through DATA_DIR at both levels, and at the
+rlimits level a world-readable file next to the answers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 
 from tests.support.competition_fixtures import MLEBENCH, MLEDOJO, import_both
 from tests.support.sandbox_checks import rlimits_pool
+from wmrl.autoresearch.env import sandbox
 from wmrl.autoresearch.env.grader import Status, task_to_json
 from wmrl.autoresearch.env.pool import SandboxPool
 from wmrl.autoresearch.env.task import load_suite
@@ -54,6 +56,7 @@ def secret_files(root: Path, suite: Path) -> dict[str, list[str]]:
         out[name] = [
             str(data / "prepared" / "private" / "test.csv"),
             str(data / "raw" / "train.csv"),
+            str(data / f"{name}.zip"),  # mlebench prepare keeps the Kaggle download
         ]
     for name in MLEDOJO:
         private = root / "mledojo-data" / name / "data" / "private"
@@ -95,6 +98,49 @@ def test_the_probe_paths_exist_and_hold_the_secrets(world):
         assert len(paths) >= 4, name
         for p in paths:
             assert Path(p).is_file() and Path(p).stat().st_size > 0, p
+
+
+def opened_as(uid: int, paths: list[str]) -> list[str]:
+    """The paths a forked child running as ``uid`` (no groups) could open for reading."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to the uid, try each file, report, exit
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            found = []
+            for path in paths:
+                try:
+                    with open(path, "rb") as f:
+                        f.read(1)
+                    found.append(path)
+                except OSError:
+                    pass
+            os.write(write, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
+
+
+@as_root
+def test_a_sandbox_uid_cannot_read_any_answer_file_of_the_downloads(world):
+    """Every file of either benchmark's download that holds answers (the prepared answers and
+    leaderboards, the raw train.csv, MLE-bench's Kaggle zip), tried by a process of a uid in
+    the pool's sandbox range; the controls (a world-readable file beside them, the task's
+    public data) show that uid can read what is open to it."""
+    root, suite, control = world
+    uid = sandbox.UID_BASE + sandbox.UID_BLOCK * (sandbox.UID_BLOCKS - 1)  # the last block
+    secrets = [p for paths in secret_files(root, suite).values() for p in paths]
+    zips = [p for p in secrets if p.endswith(".zip")]
+    assert len(zips) == len(MLEBENCH)
+    public = [str(suite / name / "public" / "train.csv") for name in [*MLEBENCH, *MLEDOJO]]
+    assert opened_as(uid, [*secrets, str(control), *public]) == [str(control), *public]
 
 
 def test_no_leaderboard_travels_with_the_job(world):

@@ -320,9 +320,14 @@ def test_invalid_submissions_get_the_invalid_rung(tasks, tmp_path, name, change,
     path = tmp_path / "sub.csv"
     change(answers_of(name)).to_csv(path, index=False)
     g = grade_submission(tasks[name], path)
-    assert (g.status, g.reward, g.score, g.benchmark) == (
-        Status.INVALID_SUBMISSION, 0.2, None, None,
-    ), g  # fmt: skip
+    assert (g.status, g.reward, g.score) == (Status.INVALID_SUBMISSION, 0.2, None), g
+    # the verdict documented for a submission that is not VALID: no medal, position score 0
+    assert g.benchmark == (
+        {"benchmark": "mlebench", "score": None, "medal": None, "any_medal": False,
+         "above_median": False, "position_score": 0.0}
+        if name in MLEBENCH
+        else {"benchmark": "mledojo", "score": None, "position_score": 0.0, "positions": {}}
+    ), g.benchmark  # fmt: skip
     assert says in g.detail, g.detail
 
 

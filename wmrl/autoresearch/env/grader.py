@@ -224,13 +224,16 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_COLUMNS = 1000
 
 
-def submission_header(path: Path) -> list[str] | Grade:
-    """A submission's column names, read from at most MAX_HEADER_BYTES; or why it is invalid
-    (too long, not UTF-8, empty, not CSV, too many columns)."""
+def submission_header(
+    path: Path, max_columns: int = MAX_COLUMNS, max_bytes: int = MAX_HEADER_BYTES
+) -> list[str] | Grade:
+    """A submission's column names, read from at most ``max_bytes``; or why it is invalid
+    (too long, not UTF-8, empty, not CSV, more than ``max_columns`` columns). A task that
+    needs more columns passes its own caps (``competitions.grading.header_caps``)."""
     with open(path, "rb") as f:
-        head = f.readline(MAX_HEADER_BYTES + 1)
-    if len(head) > MAX_HEADER_BYTES:
-        return _invalid(f"submission header is longer than {MAX_HEADER_BYTES} bytes")
+        head = f.readline(max_bytes + 1)
+    if len(head) > max_bytes:
+        return _invalid(f"submission header is longer than {max_bytes} bytes")
     try:
         text = head.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -241,8 +244,8 @@ def submission_header(path: Path) -> list[str] | Grade:
         names = [c.strip() for c in next(csv.reader([text.rstrip("\r\n")]), [])]
     except csv.Error as e:
         return _invalid(f"submission header is not readable CSV: {shorten(str(e), 200)}")
-    if len(names) > MAX_COLUMNS:
-        return _invalid(f"submission header has {len(names)} columns (at most {MAX_COLUMNS})")
+    if len(names) > max_columns:
+        return _invalid(f"submission header has {len(names)} columns (at most {max_columns})")
     return names
 
 
@@ -296,7 +299,8 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
     consulted for validity, so nothing about them can reach the agent's observation."""
     path = Path(submission_path)
     if not path.is_file():
-        return Grade(Status.NO_SUBMISSION, None, None, reward(Status.NO_SUBMISSION), "no file")
+        return Grade(Status.NO_SUBMISSION, None, None, reward(Status.NO_SUBMISSION), "no file",
+                     benchmark=no_score_verdict(task))  # fmt: skip
     if task.competition is not None:  # an imported benchmark competition: its own metric
         from wmrl.autoresearch.env.competitions.grading import grade_competition  # builds on us
 
@@ -357,6 +361,16 @@ def grade_submission(task: Task, submission_path: str | Path) -> Grade:
         if val_score is not None and not math.isfinite(val_score):
             val_score = None
     return Grade(Status.VALID, score, pct, reward(Status.VALID, pct), "ok", val_score)
+
+
+def no_score_verdict(task: Task) -> dict | None:
+    """An imported competition's verdict on a submission that is not VALID (no medal,
+    position score 0: ``competitions.leaderboard.no_score_outcome``); None for other tasks."""
+    if task.competition is None:
+        return None
+    from wmrl.autoresearch.env.competitions.leaderboard import no_score_outcome
+
+    return no_score_outcome(task.competition["benchmark"])
 
 
 def _canonical(cells: pd.Series) -> pd.Series:

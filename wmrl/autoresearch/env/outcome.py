@@ -10,7 +10,7 @@ import json
 import signal
 from pathlib import Path
 
-from wmrl.autoresearch.env.grader import Grade, Status, reward
+from wmrl.autoresearch.env.grader import Grade, Status, no_score_verdict, reward
 from wmrl.autoresearch.env.observation import error_type_of
 from wmrl.autoresearch.env.result import ExecutionResult, InfrastructureError
 from wmrl.autoresearch.env.sandbox import Limits
@@ -80,6 +80,9 @@ def script_outcome(limits: Limits, raw: dict) -> Grade | None:
 
 
 def execution_result(task: Task, raw: dict, grade: Grade) -> ExecutionResult:
+    benchmark = grade.benchmark
+    if benchmark is None and grade.status in (Status.NO_SUBMISSION, Status.INVALID_SUBMISSION):
+        benchmark = no_score_verdict(task)  # one the pool decided (too large, over budget)
     return ExecutionResult(
         task_id=task.id,
         status=grade.status,
@@ -92,7 +95,7 @@ def execution_result(task: Task, raw: dict, grade: Grade) -> ExecutionResult:
         isolation=raw["isolation"],
         detail=grade.detail,
         validation=grade.validation,
-        benchmark=grade.benchmark,
+        benchmark=benchmark,
         error_type=error_type_of(
             raw["stderr_tail"], grade.status, oom_killed=bool(raw.get("oom_killed"))
         ),

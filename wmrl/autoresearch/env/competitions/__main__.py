@@ -9,13 +9,15 @@
         [--competitions_dir=MLE-Dojo/mledojo/competitions] --metrics=FILE.json --out=SUITE ...
 
 Each competition becomes ``SUITE/<id>`` (``task_dir.write_competition_task``) and an entry of
-``SUITE/suite.json`` (the index a trainer's ``suite.dir`` needs). Nothing is
+``SUITE/suite.json`` (the index a trainer's ``suite.dir`` needs); where the suite already
+holds the same competition imported from the other benchmark, it becomes
+``SUITE/<id>-<benchmark>`` instead (``suite_task_id``), so both stay. Nothing is
 downloaded: the data are what the benchmark's own tools prepared. ``--metrics`` is a JSON
 object mapping competition ids to metric names (needed for MLE-Dojo; for MLE-bench it
 overrides config.yaml). Without ``--keep_going`` the first competition that cannot be a task
 stops the import with one line naming it and the problem; with it, every one is tried and
-the refused are listed. Prints one JSON object: ``imported`` (id -> directory) and
-``refused`` (id -> why).
+the refused are listed. Prints one JSON object: ``imported`` (competition id -> the task
+directory written) and ``refused`` (competition id -> why).
 """
 
 from __future__ import annotations
@@ -109,9 +111,10 @@ def main(argv) -> None:
         metric = FLAGS.metric or names.get(name)
         try:
             source = read_source(FLAGS.benchmark, name, metric)
+            task_id = suite_task_id(Path(FLAGS.out), FLAGS.benchmark, name)
             out = write_competition_task(
-                source, Path(FLAGS.out) / name, split=FLAGS.split, overwrite=FLAGS.overwrite,
-                time_limit_s=FLAGS.time_limit, memory_mb=FLAGS.memory_mb,
+                source, Path(FLAGS.out) / task_id, split=FLAGS.split, overwrite=FLAGS.overwrite,
+                time_limit_s=FLAGS.time_limit, memory_mb=FLAGS.memory_mb, task_id=task_id,
             )  # fmt: skip
         except (TaskError, OSError) as e:
             if not FLAGS.keep_going:
@@ -120,23 +123,58 @@ def main(argv) -> None:
             continue
         imported[name] = str(out)
     if imported:
-        update_suite_index(Path(FLAGS.out), list(imported))
+        update_suite_index(Path(FLAGS.out), [Path(p).name for p in imported.values()])
     print(json.dumps({"imported": imported, "refused": refused}, indent=2))
+
+
+def _imported_as(task_dir: Path) -> tuple[str, str] | None:
+    """(benchmark, competition id) of an imported competition's task directory, read from its
+    task.json; None when it is not one (or is unreadable: the import's own checks say why)."""
+    try:
+        block = json.loads((task_dir / "task.json").read_text())["competition"]
+        return str(block["benchmark"]), str(block["competition_id"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def suite_task_id(suite: Path, benchmark: str, competition_id: str) -> str:
+    """The task id (and directory name) a competition gets in ``suite``: its own id, unless
+    the suite holds that id as the same competition imported from another benchmark; then
+    ``<id>-<benchmark>``. Importing a competition again finds the task it wrote before.
+    Both benchmarks hold many of the same competitions (nomad2018, spaceship-titanic, ...):
+    without this the second import would replace the first's task."""
+    from wmrl.autoresearch.env.task import TaskError, check_id
+
+    plain, qualified = competition_id, f"{competition_id}-{benchmark}"
+    if _imported_as(suite / qualified) == (benchmark, competition_id):
+        return qualified
+    held = _imported_as(suite / plain)
+    if held is None or held == (benchmark, competition_id):
+        return plain
+    try:
+        return check_id(qualified)
+    except TaskError as e:
+        raise TaskError(
+            f"competition {competition_id}: {suite / plain} holds {held[1]} from {held[0]}, "
+            f"and the {benchmark} one cannot be named {qualified!r} beside it ({e})"
+        ) from e
 
 
 def update_suite_index(suite: Path, ids: list[str]) -> None:
     """Add the imported tasks to ``SUITE/suite.json``, the index a trainer's ``suite.dir``
     must have (``wmrl.autoresearch.config``): one entry per task (id, split, metric,
-    benchmark), earlier entries of other ids kept, so several imports build one suite."""
+    benchmark, competition id), earlier entries of other ids kept, so several imports build
+    one suite; an entry whose task directory is gone is dropped."""
     from wmrl.autoresearch.env.task import load_task
 
     path = suite / "suite.json"
     index = json.loads(path.read_text()) if path.is_file() else []
-    entries = {e["id"]: e for e in index}
+    entries = {e["id"]: e for e in index if (suite / e["id"] / "task.json").is_file()}
     for name in ids:
         task = load_task(suite / name)
         entries[name] = {"id": task.id, "split": task.split, "metric": task.metric_name,
-                         "benchmark": task.competition["benchmark"]}  # fmt: skip
+                         "benchmark": task.competition["benchmark"],
+                         "competition_id": task.competition["competition_id"]}  # fmt: skip
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps([entries[k] for k in sorted(entries)], indent=2))
     tmp.replace(path)

@@ -30,7 +30,7 @@ reads them from disk when it grades.
   private and public leaderboards (those the competition has).
 
 A submission that is not VALID has no score: no medal, not above the median, position
-score 0 (it ranks below every entry).
+score 0 (it ranks below every entry); its record says so (``no_score_outcome``).
 """
 
 from __future__ import annotations
@@ -112,11 +112,21 @@ def medal_thresholds(scores: np.ndarray) -> Thresholds:
     return Thresholds(gold, silver, bronze, float(np.median(scores)))
 
 
+def no_score_outcome(benchmark: str) -> dict:
+    """A benchmark's verdict on a submission that is not VALID: no score, no medal, not above
+    the median, position score 0 (it ranks below every entry). No leaderboard is needed."""
+    if benchmark == "mlebench":
+        return {"benchmark": "mlebench", "score": None, "medal": None, "any_medal": False,
+                "above_median": False, "position_score": 0.0}  # fmt: skip
+    if benchmark == "mledojo":
+        return {"benchmark": "mledojo", "score": None, "position_score": 0.0, "positions": {}}
+    raise ValueError(f"unknown benchmark {benchmark!r} (known: {BENCHMARKS})")
+
+
 def mlebench_outcome(score: float | None, scores: np.ndarray, higher_is_better: bool) -> dict:
     """MLE-bench's verdict on a score (None: not VALID) against a best-first leaderboard."""
     if score is None:
-        return {"benchmark": "mlebench", "score": None, "medal": None, "any_medal": False,
-                "above_median": False, "position_score": 0.0}  # fmt: skip
+        return no_score_outcome("mlebench")
     rounded = round(float(score), MLEBENCH_DECIMALS)
     t = medal_thresholds(scores)
     reaches = (lambda x: rounded >= x) if higher_is_better else (lambda x: rounded <= x)
@@ -141,7 +151,7 @@ def mledojo_outcome(
     """MLE-Dojo's verdict: the position on each leaderboard and the position score
     (n - position + 1) / n averaged over them (0 for a score of None)."""
     if score is None:
-        return {"benchmark": "mledojo", "score": None, "position_score": 0.0, "positions": {}}
+        return no_score_outcome("mledojo")
     positions = {}
     for name, scores in boards.items():
         p, n = position(score, scores, higher_is_better), len(scores)

@@ -10,12 +10,24 @@ refuses, naming the unknown metric and the known ones.
 A submission's prediction columns are every column of the competition's sample submission
 but the id column. Each metric reads their cells as one kind of value (``reads``):
 
-    labels         a class label per cell, compared as ``ids.canonical_id`` compares them
-                   (booleans in any case, as pandas reads them: "true" is "True")
-    label_lists    space-separated labels, best first (MAP@k)
-    integers       whole numbers (quadratic weighted kappa's grades)
+    labels         a class label per cell (accuracy, the F1s), compared as both benchmarks
+                   compare them: pandas reads the files and scikit-learn compares the
+                   values, so a boolean word pandas reads as a boolean (True, TRUE, true,
+                   False, FALSE, false) is the number 1 or 0 (True == 1 == 1.0), a cell
+                   that is a number stands for its value ("007", "7.0" and "7" are one
+                   label, ``ids.canonical_id``), and any other cell is its text, exactly
+                   (case counts: "tRuE" is text, as pandas reads it)
+    label_lists    space-separated labels, best first (MAP@k); each label compared by
+                   ``ids.canonical_id`` (booleans are not numbers here: the benchmarks split
+                   the cell's text and compare strings)
+    integers       whole numbers in the 64-bit range (quadratic weighted kappa's grades)
     numbers        finite numbers
     probabilities  finite numbers in [0, 1]
+
+A benchmark's own code may read a metric's predictions more strictly than the rule does
+(``benchmark_reads``): MLE-bench's ROC AUC refuses predictions outside [0, 1]
+(``prepare_for_auroc_metric``, which its AUC competitions' grade.py call), MLE-Dojo's
+passes any numbers to scikit-learn.
 
 and scores the columns one of three ways (``columns``):
 
@@ -29,6 +41,8 @@ Each rule is written out in numpy (tests check them against scikit-learn). ``che
 ``check_true`` say why values cannot be scored (a probability row of zeros, a
 log of a number <= -1, an AUC column with one class): for a submission that makes it
 INVALID, for a competition's answers the competition is refused when it is imported.
+Whatever else a metric raises on a submission's values is that submission's INVALID too
+(``grading``): nothing a submission holds is the grader's failure.
 """
 
 from __future__ import annotations
@@ -72,32 +86,47 @@ class ValuesError(ValueError):
 # -- reading cells ---------------------------------------------------------------------------
 
 _INTEGER = re.compile(r"-?\d+", re.ASCII)
-_BOOLEANS = {"true": "True", "false": "False"}
+# The words pandas' CSV reader takes for booleans (its default true_values / false_values),
+# as the numbers scikit-learn compares them with: True == 1, False == 0.
+BOOLEAN_LABELS = {"True": "1", "TRUE": "1", "true": "1", "False": "0", "FALSE": "0", "false": "0"}
+INT64 = (-(2**63), 2**63 - 1)
 
 
-def _label(cell: str) -> str:
+def label(cell: str) -> str:
+    """A class label's compared form (the ``labels`` rule of the module docstring)."""
     form = canonical_id(cell)
-    return _BOOLEANS.get(form.lower(), form)
+    return BOOLEAN_LABELS.get(form, form)
 
 
 def parse_column(cells: np.ndarray, reads: str, name: str) -> np.ndarray:
     """Column ``name``'s text cells ``[n]`` as ``reads`` values; ValuesError naming the
     column and the first bad cell otherwise."""
     if reads == "labels":
-        values = np.array([_label(c) for c in cells], dtype=object)
+        forms = {cell: label(cell) for cell in set(cells)}
+        values = np.array([forms[c] for c in cells], dtype=object)
         if any(v == "" for v in values):
             raise ValuesError(f"column {name!r} has empty cells")
         return values
     if reads == "label_lists":
         out = np.empty(len(cells), dtype=object)
-        out[:] = [tuple(_label(token) for token in c.split()) for c in cells]
+        out[:] = [tuple(canonical_id(token) for token in c.split()) for c in cells]
         return out
     if reads == "integers":
         forms = [canonical_id(c) for c in cells]
         bad = next((f for f in forms if not _INTEGER.fullmatch(f)), None)
         if bad is not None:
             raise ValuesError(f"column {name!r} must hold whole numbers, found {bad[:40]!r}")
-        return np.array([int(f) for f in forms], dtype=np.int64)
+        # A grade's digits are at most MAX_CELL_CHARS, so int() is cheap; past int64 it is
+        # the submission's error (numpy would raise OverflowError), said so.
+        values = [int(f) for f in forms]
+        big = next((v for v in values if not INT64[0] <= v <= INT64[1]), None)
+        if big is not None:
+            digits = len(str(abs(big)))
+            raise ValuesError(
+                f"column {name!r} holds a whole number of {digits} digits ({str(big)[:24]}"
+                f"{'...' if digits > 23 else ''}), outside the 64-bit integer range"
+            )
+        return np.array(values, dtype=np.int64)
     values = pd.to_numeric(pd.Series(cells, dtype=object), errors="coerce").to_numpy(float)
     if not np.all(np.isfinite(values)):
         raise ValuesError(f"column {name!r} must hold finite numbers (found NaN, inf or text)")
@@ -157,18 +186,20 @@ def f1_weighted(y_true, y_pred) -> float:
 def quadratic_weighted_kappa(y_true, y_pred) -> float:
     """Cohen's kappa with quadratic weights on the sorted union of grades, the weight of a
     pair (i, j) being (i - j)^2 in positions of that list (scikit-learn's
-    ``cohen_kappa_score(weights="quadratic")``)."""
+    ``cohen_kappa_score(weights="quadratic")``), in O(n + k) memory: no k x k matrix.
+
+    With t, p the rows' positions, the observed weighted sum is sum((t - p)^2) and the
+    expected one (the outer product of the two histograms over n) expands to
+    n * (var t + var p + (mean t - mean p)^2), population variances: both are sums over the
+    n rows. kappa = 1 - observed / expected."""
     grades = np.union1d(y_true, y_pred)
-    k = len(grades)
-    if k == 1:
+    if len(grades) == 1:
         return 1.0  # every grade the same, on both sides: perfect agreement
-    t, p = np.searchsorted(grades, y_true), np.searchsorted(grades, y_pred)
-    observed = np.zeros((k, k))
-    np.add.at(observed, (t, p), 1.0)
-    expected = np.outer(observed.sum(axis=1), observed.sum(axis=0)) / observed.sum()
-    i = np.arange(k)
-    weights = (i[:, None] - i[None, :]) ** 2.0
-    return float(1.0 - np.sum(weights * observed) / np.sum(weights * expected))
+    t = np.searchsorted(grades, y_true).astype(float)
+    p = np.searchsorted(grades, y_pred).astype(float)
+    observed = float(np.sum((t - p) ** 2))
+    expected = len(t) * float(np.var(t) + np.var(p) + (np.mean(t) - np.mean(p)) ** 2)
+    return 1.0 - observed / expected
 
 
 def binary_log_loss(y_true, y_prob) -> float:
@@ -413,6 +444,16 @@ def metric_for_name(words: str) -> CompetitionMetric:
         f"{', '.join(known_names())}); the competition's own grading code is never run, so "
         "name one of these for it (--metric or --metrics)"
     )
+
+
+# Where a benchmark's own code reads a metric's predictions more strictly than its rule:
+# (benchmark, metric) -> the reading it gets instead (module docstring).
+BENCHMARK_READS = {("mlebench", "roc_auc"): "probabilities"}
+
+
+def benchmark_reads(metric: CompetitionMetric, benchmark: str) -> str:
+    """How a competition of ``benchmark`` reads ``metric``'s predictions."""
+    return BENCHMARK_READS.get((benchmark, metric.name), metric.reads)
 
 
 def score(metric: CompetitionMetric, y_true: np.ndarray, y_pred: np.ndarray) -> float:

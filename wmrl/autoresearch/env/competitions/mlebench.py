@@ -30,7 +30,7 @@ from wmrl.autoresearch.env.competitions.metrics import metric_for_name
 from wmrl.autoresearch.env.competitions.source import (
     CompetitionError,
     CompetitionSource,
-    raw_dirs,
+    download_paths,
 )
 
 LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
@@ -124,7 +124,7 @@ def read_mlebench(
         leaderboards={"leaderboard": _leaderboard(comp_dir, name)},
         metric=resolved,
         metric_words=words,
-        private_dirs=(private, *raw_dirs(data_dir / name)),
+        private_paths=download_paths(data_dir / name, public),
         skip_public=("description.md",),
     )
 

@@ -26,7 +26,7 @@ from wmrl.autoresearch.env.competitions.metrics import metric_for_name
 from wmrl.autoresearch.env.competitions.source import (
     CompetitionError,
     CompetitionSource,
-    raw_dirs,
+    download_paths,
 )
 
 BOARD_FILES = {"private": "private_leaderboard.csv", "public": "public_leaderboard.csv"}
@@ -117,7 +117,7 @@ def read_mledojo(
         leaderboards=boards,
         metric=resolved,
         metric_words=metric,
-        private_dirs=(private, *raw_dirs(data_dir / name)),
+        private_paths=download_paths(data_dir / name, public),
         skip_public=("description.txt",),
         declared_higher_is_better=declared,
     )

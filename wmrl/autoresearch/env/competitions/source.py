@@ -10,7 +10,11 @@ What a competition must be to become a task (the sandbox runs one Python script 
 numpy, pandas and scikit-learn):
 
 * tabular: ``train.csv`` and ``test.csv`` in its public data, the id column (the sample
-  submission's first column) in both;
+  submission's first column) in test.csv (train.csv may lack it: MLE-Dojo's
+  amazon-employee-access-challenge adds an id to its test rows only);
+* at most ``MAX_PREDICTION_COLUMNS`` prediction columns (the grader sizes its header caps
+  from the task's columns, ``grading.header_caps``; beyond this a submission's header alone
+  is more than grading should parse);
 * a sample submission whose other columns are the predictions, every one of them in the
   answers file, with the same ids as ``test.csv``;
 * answers the metric can score (``metrics.parse_column`` and the metric's ``check_true``);
@@ -33,6 +37,11 @@ from wmrl.autoresearch.env.competitions.metrics import parse_columns as parse_va
 from wmrl.autoresearch.env.ids import MAX_CELL_CHARS, canonical_id
 from wmrl.autoresearch.env.task import TaskError, colliding_ids, describe_collision
 
+# The most prediction columns a competition may have (a sample submission's columns less its
+# id). Real ones have at most a few hundred class columns; the grader's header caps grow with
+# the task's columns up to this (``grading.header_caps``).
+MAX_PREDICTION_COLUMNS = 10_000
+
 
 class CompetitionError(TaskError):
     """A prepared competition, or its task directory, that cannot be a task."""
@@ -44,9 +53,9 @@ class CompetitionSource:
 
     ``public_dir``: what the agent may see (copied into the task's ``public/``, less
     ``skip_public``); ``answers``, ``leaderboards`` (name -> file): what it may not;
-    ``private_dirs``: the benchmark's directories holding those (its raw download among them:
-    ``raw_dirs``), which the import makes unreadable to other users
-    (``protect_private_dirs``). ``metric_words``: what the
+    ``private_paths``: everything else the benchmark keeps of the competition (its private
+    directory, its raw download, MLE-bench's Kaggle zip: ``download_paths``), which the
+    import makes unreadable to other users (``protect_private_paths``). ``metric_words``: what the
     competition calls its metric; ``declared_higher_is_better``: the direction its own code
     declares, where that can be read without running it (None otherwise)."""
 
@@ -59,7 +68,7 @@ class CompetitionSource:
     leaderboards: dict[str, Path]
     metric: CompetitionMetric
     metric_words: str
-    private_dirs: tuple[Path, ...]
+    private_paths: tuple[Path, ...]
     skip_public: tuple[str, ...] = ()
     declared_higher_is_better: bool | None = None
 
@@ -136,14 +145,18 @@ def inspect_files(
                 f"competition {name}: no public {file} (public data: {has}); only tabular "
                 "competitions with train.csv and test.csv can be tasks"
             )
+    if len(columns) > MAX_PREDICTION_COLUMNS:
+        raise CompetitionError(
+            f"competition {name}: its sample submission has {len(columns):,} prediction "
+            f"columns, more than the {MAX_PREDICTION_COLUMNS:,} a submission is graded with"
+        )
     train = read_header(public_dir / "train.csv", "train.csv", name)
     test = read_header(public_dir / "test.csv", "test.csv", name)
-    for file, header in (("train.csv", train), ("test.csv", test)):
-        if id_column not in header:
-            raise CompetitionError(
-                f"competition {name}: id column {id_column!r} (the sample submission's first) "
-                f"is not in {file}"
-            )
+    if id_column not in test:
+        raise CompetitionError(
+            f"competition {name}: id column {id_column!r} (the sample submission's first) "
+            "is not in test.csv"
+        )
     _check_metric(name, metric, columns, declared_higher_is_better)
     target = _target(name, columns, train, test, id_column)
     test_rows = _check_answers(name, public_dir / "test.csv", answers, id_column, columns, metric)
@@ -235,34 +248,53 @@ def _check_boards(name: str, boards: dict[str, Path], metric: CompetitionMetric)
             )
 
 
-def raw_dirs(competition_dir: Path) -> tuple[Path, ...]:
-    """The benchmark's download of a competition (``<DATA>/<id>/raw``, both benchmarks), if
-    it is there. It must be as private as the answers: both benchmarks cut their test set
-    out of the original training data, so the raw train.csv holds every answer."""
-    raw = competition_dir / "raw"
-    return (raw,) if raw.is_dir() else ()
+def download_paths(competition_dir: Path, public_dir: Path) -> tuple[Path, ...]:
+    """Everything a benchmark keeps of a competition (``<DATA>/<id>``) but its public data:
+    the entries of ``competition_dir`` and of each directory on the way down to
+    ``public_dir``, less that way itself. For MLE-bench: ``prepared/private``, the raw
+    download ``raw`` and the Kaggle zip ``<id>.zip``; for MLE-Dojo: ``data/private`` and
+    ``raw``. All of it must be as private as the answers: both benchmarks cut their test set
+    out of the original training data, so the raw train.csv and the zip hold every answer."""
+    public = public_dir.absolute()
+    out, directory = [], competition_dir.absolute()
+    if directory not in public.parents:
+        raise ValueError(f"{public_dir} is not inside {competition_dir}")
+    while directory != public:
+        step = public.relative_to(directory).parts[0]
+        out += [e for e in sorted(directory.iterdir()) if e.name != step]
+        directory = directory / step
+    return tuple(out)
 
 
-def protect_private_dirs(source: CompetitionSource, warn) -> None:
-    """Make the benchmark's directories of answers and leaderboards unreadable to other users
-    (0700), saying so through ``warn``: a script at the rlimits isolation level runs as
-    another uid and could otherwise read the original answers where the benchmark prepared
-    them. One that belongs to another user and is readable is refused."""
-    for directory in source.private_dirs:
-        st = directory.stat()
+def protect_private_paths(source: CompetitionSource, warn) -> None:
+    """Make everything of the benchmark's outside its public data unreadable to other users
+    (directories 0700, files without group and other bits), saying so through ``warn``: a
+    script at the rlimits isolation level runs as another uid and could otherwise read the
+    original answers where the benchmark prepared them. A symbolic link (its target might be
+    anywhere), or a readable entry that belongs to another user, is refused, naming it."""
+    name = source.competition_id
+    for path in source.private_paths:
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            raise CompetitionError(
+                f"competition {name}: {path} is a symbolic link beside the public data; it "
+                "may lead to the answers and cannot be made private here: replace it with "
+                "what it points to, or remove it"
+            )
         mode = stat.S_IMODE(st.st_mode)
         if not mode & 0o077:
             continue
         if st.st_uid != os.geteuid():
             raise CompetitionError(
-                f"competition {source.competition_id}: {directory} (mode {mode:04o}, uid "
-                f"{st.st_uid}) holds the answers and other users may read it, so a sandboxed "
-                "script could: make it 0700 (chmod go-rwx)"
+                f"competition {name}: {path} (mode {mode:04o}, uid {st.st_uid}) may hold the "
+                "answers and other users may read it, so a sandboxed script could: make it "
+                "private (chmod go-rwx)"
             )
-        os.chmod(directory, 0o700)
+        new = 0o700 if stat.S_ISDIR(st.st_mode) else mode & ~0o077
+        os.chmod(path, new)
         warn(
-            f"competition {source.competition_id}: {directory} had mode {mode:04o} (readable "
-            "by other users, the sandbox's among them); made it 0700"
+            f"competition {name}: {path} had mode {mode:04o} (readable by other users, the "
+            f"sandbox's among them); made it {new:04o}"
         )
 
 

@@ -30,12 +30,16 @@ from pathlib import Path
 import pandas as pd
 
 from wmrl.autoresearch.env.competitions import leaderboard
-from wmrl.autoresearch.env.competitions.metrics import CompetitionMetric, get_competition_metric
+from wmrl.autoresearch.env.competitions.metrics import (
+    CompetitionMetric,
+    benchmark_reads,
+    get_competition_metric,
+)
 from wmrl.autoresearch.env.competitions.source import (
     CompetitionError,
     CompetitionSource,
     inspect_files,
-    protect_private_dirs,
+    protect_private_paths,
     submission_columns,
     value_kind,
 )
@@ -68,17 +72,21 @@ def write_competition_task(
     time_limit_s: float = 600.0,
     memory_mb: int = 4096,
     overwrite: bool = False,
+    task_id: str | None = None,
 ) -> Path:
     """Check ``source`` (``source.inspect_files``), make the benchmark's answers unreadable to
-    other users (``source.protect_private_dirs``), and write its task directory at ``out``
+    other users (``source.protect_private_paths``), and write its task directory at ``out``
     (built in a hidden directory next to it and renamed into place once ``load_task`` accepts
-    it; on any error ``out`` is left as it was). Raises CompetitionError / TaskError naming
-    the problem."""
+    it; on any error ``out`` is left as it was). The task's id is ``task_id``, by default the
+    competition's (a suite holding the same competition from both benchmarks needs two:
+    ``suite_task_id``). Raises CompetitionError / TaskError naming the problem."""
     from wmrl.autoresearch.env.make_task import staged_task_dir
 
     name = source.competition_id
+    task_id = name if task_id is None else task_id
     try:
         check_id(name)
+        check_id(task_id)
         time_limit_s, memory_mb = check_time_limit(time_limit_s), check_memory_mb(memory_mb)
     except TaskError as e:
         raise CompetitionError(f"competition {name}: {e}") from e
@@ -90,9 +98,9 @@ def write_competition_task(
         source.leaderboards, source.declared_higher_is_better,
     )  # fmt: skip
     _check_public_tree(source)
-    protect_private_dirs(source, logger.warning)
+    protect_private_paths(source, logger.warning)
     meta = {
-        "id": name,
+        "id": task_id,
         "type": source.metric.task_type,
         "metric": source.metric.name,
         "target": layout.target,
@@ -182,8 +190,9 @@ def _copy_public(source: CompetitionSource, dest: Path) -> None:
             _link_or_copy(str(entry), str(dest / entry.name))
 
 
-def _prediction_text(metric: CompetitionMetric, columns: list[str], target: str) -> str:
-    """What one submission row holds, in words, by how the metric reads it."""
+def _prediction_text(metric: CompetitionMetric, columns: list[str], reads: str) -> str:
+    """What one submission row holds, in words, by how the benchmark reads the metric's
+    predictions (``reads``: ``metrics.benchmark_reads``)."""
     if metric.columns == "rows":
         return "the probability of each class (one column per class), each row summing to 1"
     k = metric.name.split("@")[1] if "@" in metric.name else ""
@@ -197,7 +206,7 @@ def _prediction_text(metric: CompetitionMetric, columns: list[str], target: str)
             if metric.task_type == "classification"
             else "the predicted value"
         ),
-    }[metric.reads]
+    }[reads]
     return per + (" in each prediction column" if len(columns) > 1 else "")
 
 
@@ -241,7 +250,8 @@ def competition_card(source: CompetitionSource, meta: dict, test_rows: int, publ
         "Read `train.csv`, `test.csv` and the competition's other files from",
         '`os.environ["DATA_DIR"]`; write a CSV to `os.environ["SUBMISSION_PATH"]` with exactly',
         "the columns above (any order): one row per test row,",
-        f"{_prediction_text(metric, columns, meta['target'])}. numpy, pandas and scikit-learn",
+        f"{_prediction_text(metric, columns, benchmark_reads(metric, source.benchmark))}. "
+        "numpy, pandas and scikit-learn",
         "are installed.",
         "",
         f"## The competition's description ({BENCHMARK_NAMES[source.benchmark]})",
