@@ -214,6 +214,19 @@ def test_two_benchmarks_competitions_with_one_id_coexist_in_one_suite(tmp_path):
     assert said == {"conductors": str(by_benchmark["mlebench"].root)}
 
 
+def test_a_second_benchmark_id_too_long_to_qualify_is_refused_naming_both(tmp_path):
+    from wmrl.autoresearch.env.competitions.__main__ import suite_task_id
+
+    long = "c" * 95  # task ids have at most 100 characters: "-mlebench" does not fit
+    (tmp_path / long).mkdir()
+    block = {"benchmark": "mledojo", "competition_id": long}
+    (tmp_path / long / "task.json").write_text(json.dumps({"competition": block}))
+    assert suite_task_id(tmp_path, "mledojo", long) == long
+    with pytest.raises(TaskError) as e:
+        suite_task_id(tmp_path, "mlebench", long)
+    assert "from mledojo" in str(e.value) and "the mlebench one" in str(e.value), str(e.value)
+
+
 # -- the verdict of a submission that is not VALID -----------------------------------------
 
 
@@ -392,7 +405,8 @@ def test_a_competition_with_more_class_columns_than_the_default_cap_grades_its_a
     assert g.status == Status.VALID, g.detail
     assert g.score == pytest.approx(-np.log(1 - 1e-15), abs=1e-12)  # one-hot, clipped
     assert g.benchmark["positions"]["private"]["position"] == 1
-    g, _ = grade_frame(task, answers.assign(extra=0), tmp_path)  # one column too many
+    extra = pd.concat([answers, pd.DataFrame({"extra": np.zeros(len(answers), int)})], axis=1)
+    g, _ = grade_frame(task, extra, tmp_path)  # one column too many
     assert g.status == Status.INVALID_SUBMISSION and "column" in g.detail, g.detail
 
 
