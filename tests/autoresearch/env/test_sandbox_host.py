@@ -251,3 +251,51 @@ def test_no_ipc_object_outlives_an_execution(task, level):
         import ctypes
 
         ctypes.CDLL(None).mq_unlink(b"/wmrl-probe")
+
+
+# -- the supervisor's memory while it grades --------------------------------------------------
+
+HOG = """
+import json, sys
+from wmrl.autoresearch.env import forkserver, grader
+
+def hog(task, path):  # a grading that needs 1 GiB (what a metric's k x k matrices did)
+    block = bytearray(2**30)
+    return grader.Grade(grader.Status.VALID, 1.0, 1.0, 1.0, "ok")
+
+grader.grade_submission, grader.task_from_json = hog, lambda d: None
+job = {"workdir": "/nonexistent", "grade": {"task": {}, "cpu_s": 30, "wall_s": 60,
+       "memory_mb": int(sys.argv[1])}}
+print(json.dumps(forkserver._grade(job)))
+"""
+
+
+@pytest.mark.parametrize("memory_mb, answer", [(64, {"over_memory": 64}), (4096, "grade")])
+def test_grading_has_an_address_space_limit(memory_mb, answer):
+    """The supervisor grades outside any cgroup; a grading that needs more than
+    `grade_memory_mb` beyond the supervisor's own address space fails in that process with
+    MemoryError, reported as over_memory (INVALID, the submission's doing), not as the
+    grader's failure (UNGRADED) or the host's OOM killer."""
+    proc = subprocess.run(
+        [sys.executable, "-c", HOG, str(memory_mb)], capture_output=True, text=True,
+        timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert got == answer if isinstance(answer, dict) else set(got) == {answer}, got
+
+
+def test_over_memory_is_an_invalid_submission(tmp_path):
+    from wmrl.autoresearch.env.outcome import submission_grade
+    from wmrl.autoresearch.env.sandbox import Limits
+
+    (tmp_path / "grade.json").write_text(json.dumps({"over_memory": 64}))
+    g = submission_grade(Limits(grade_memory_mb=64), "ok", tmp_path, over_budget=False)
+    assert g.status == Status.INVALID_SUBMISSION and g.reward == 0.2
+    assert "within 64 MB of memory" in g.detail
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, 2**21])
+def test_grade_memory_mb_is_checked_naming_the_field(bad):
+    with pytest.raises(ValueError, match=r"grade_memory_mb="):
+        SandboxPool(1, grade_memory_mb=bad)

@@ -118,12 +118,20 @@ def _write_json(directory: str, name: str, value: dict) -> None:
 
 
 def _grade(job: dict) -> dict:
-    """Grade the copied submission under the job's grading timers: ``{"grade": ...}``, or
-    ``{"error": traceback}`` when the grader itself failed. Past either timer the kernel
-    ends this process (SIGPROF, SIGALRM) and nothing is returned."""
-    from wmrl.autoresearch.env import grader
+    """Grade the copied submission under the job's grading timers and address-space limit:
+    ``{"grade": ...}``; ``{"over_memory": MB}`` when grading it needed more memory than
+    ``memory_mb`` beyond this process's own (the submission's doing: nothing else runs
+    here); ``{"error": traceback}`` when the grader itself failed. Past either timer the
+    kernel ends this process (SIGPROF, SIGALRM) and nothing is returned."""
+    import resource
+
+    from wmrl.autoresearch.env import grader, sandbox
 
     request = job["grade"]
+    memory_mb = request.get("memory_mb")
+    if memory_mb is not None:  # a soft limit: this process is about to exit anyway
+        cap = (sandbox._vm_size_mb() + memory_mb) * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
     signal.signal(signal.SIGPROF, signal.SIG_DFL)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_PROF, request["cpu_s"])
@@ -132,6 +140,8 @@ def _grade(job: dict) -> dict:
         task = grader.task_from_json(request["task"])
         submission = os.path.join(job["workdir"], "out", "submission.csv")
         return {"grade": grader.grade_submission(task, submission).to_json()}
+    except MemoryError:
+        return {"over_memory": memory_mb}
     except Exception:
         return {"error": traceback.format_exc(limit=5)}
     finally:

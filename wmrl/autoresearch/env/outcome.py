@@ -41,6 +41,11 @@ def submission_grade(limits: Limits, copied: str, workdir: Path, over_budget: bo
             f"the submission could not be graded within {limits.grade_cpu_s:g} s of CPU time",
         )
     answer = json.loads((workdir / "grade.json").read_text())
+    if "over_memory" in answer:
+        return grade_of(
+            Status.INVALID_SUBMISSION,
+            f"the submission could not be graded within {answer['over_memory']} MB of memory",
+        )
     if "error" in answer:
         raise InfrastructureError("grader failed: " + answer["error"][-1000:])
     return Grade.from_json(answer["grade"])

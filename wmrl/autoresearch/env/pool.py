@@ -60,7 +60,7 @@ from wmrl.autoresearch.env.outcome import (
 )
 from wmrl.autoresearch.env.result import ExecutionResult, InfrastructureError
 from wmrl.autoresearch.env.sandbox import Limits
-from wmrl.autoresearch.env.task import Task
+from wmrl.autoresearch.env.task import MAX_MEMORY_MB, Task
 
 
 class SandboxStartupError(RuntimeError):
@@ -646,6 +646,7 @@ class SandboxPool:
                 "grade": {
                     "task": task_to_json(task),
                     "cpu_s": limits.grade_cpu_s,
+                    "memory_mb": limits.grade_memory_mb,
                     "wall_s": grade_wall_s,
                 },
             }
@@ -691,6 +692,13 @@ def _check_limit_overrides(overrides: dict) -> None:
             f"disk_mb={limits.disk_mb}: the work dir must hold the largest accepted script "
             f"({MAX_SCRIPT_BYTES // 1024} KiB) four times over, at least "
             f"{-(-4 * MAX_SCRIPT_BYTES // 2**20)} MB"
+        )
+    if isinstance(limits.grade_memory_mb, bool) or not (
+        isinstance(limits.grade_memory_mb, int) and 0 < limits.grade_memory_mb <= MAX_MEMORY_MB
+    ):
+        raise ValueError(
+            f"grade_memory_mb={limits.grade_memory_mb!r}: must be a whole number of MB in "
+            f"[1, {MAX_MEMORY_MB}]"
         )
     if not (limits.grade_cpu_s > 0 and math.isfinite(limits.grade_cpu_s)):
         raise ValueError(

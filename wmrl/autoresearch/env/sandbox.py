@@ -114,7 +114,9 @@ class Limits:
     the script runs a line), so the budget means the same in every mode.
 
     grade_cpu_s is the CPU time the grading of its submission may take (by the supervisor,
-    ``forkserver._grade``); more is the submission's fault (INVALID_SUBMISSION).
+    ``forkserver._grade``), and grade_memory_mb the address space it may add to the
+    supervisor's own (RLIMIT_AS; the supervisor has no other cap); more of either is the
+    submission's fault (INVALID_SUBMISSION).
     Grading costs a few microseconds of CPU per row, so the largest honest submission the
     ``submission_mb`` cap admits (a few million rows) fits with room to spare, and a slot
     held that long is no worse than a script that runs to its time limit.
@@ -129,6 +131,7 @@ class Limits:
     submission_mb: int = 32
     output_tail_bytes: int = 4096
     grade_cpu_s: float = 60.0
+    grade_memory_mb: int = 4096
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
