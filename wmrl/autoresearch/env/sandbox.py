@@ -167,12 +167,16 @@ def _detect_base_isolation() -> str:
         _ISOLATION = "rlimits"
         if sys.platform.startswith("linux") and os.geteuid() == 0:
             # Probe in a fresh interpreter rather than a fork of this process: the caller is
-            # often a trainer with JAX's threads running, and forking those is unsafe.
+            # often a trainer with JAX's threads running, and forking those is unsafe. Its
+            # sys.path is the checkout's, never the caller's directory (-P).
+            repo_root = str(Path(__file__).resolve().parents[3])
+            path = os.pathsep.join(p for p in (repo_root, os.environ.get("PYTHONPATH")) if p)
             probe = subprocess.run(
-                [sys.executable, "-c", _PROBE],
+                [sys.executable, "-P", "-c", _PROBE],
                 capture_output=True,
                 timeout=60,
-                cwd=str(Path(__file__).resolve().parents[3]),
+                cwd=repo_root,
+                env={**os.environ, "PYTHONPATH": path},
             )
             if probe.returncode == 0:
                 _ISOLATION = "namespaces"
@@ -567,7 +571,8 @@ def supervise(job: dict, report=None) -> dict:
     ``job``: id, workdir (holding script.py and empty out/ and root/),
     data_dir (the public data, read-only to the script), limits
     (``Limits.to_json()``), uid, isolation, cgroup, prefork, and base_vm_mb
-    (added by the template).
+    (added by the template); optionally ``cut_s``, a cap below the time limit at
+    which the script is stopped and reported ``cut`` (not ``timed_out``).
 
     Must run in a process that may fork and that owns no threads (a fork of
     the template). The script's status is *not* decided here; the grader
@@ -598,12 +603,20 @@ def supervise(job: dict, report=None) -> dict:
         exit_fd = None  # old kernel: poll instead
     watched = [out_r, err_r, ready_r] + ([exit_fd] if exit_fd is not None else [])
     deadline = t0 + limits["time_limit_s"]
-    timed_out, setup_ok, fields = False, False, None
+    # A cap below the limit (`job["cut_s"]`, cost-aware routing): the script is stopped there
+    # and reported cut, which is not a time-out (it might have finished within its limit).
+    cut_s = job.get("cut_s")
+    if cut_s is not None and cut_s < limits["time_limit_s"]:
+        deadline = t0 + cut_s
+    else:
+        cut_s = None
+    timed_out, cut, setup_ok, fields = False, False, False, None
     paused: dict[int, float] = {}  # output pipes left unwatched until then (SHORT_READ)
     while fields is None:
         now = time.monotonic()
         if now >= deadline:
-            timed_out = True
+            cut = cut_s is not None
+            timed_out = not cut
             break
         for fd, until in list(paused.items()):
             if until <= now:
@@ -629,7 +642,7 @@ def supervise(job: dict, report=None) -> dict:
         if got == pid:
             fields = _status_fields(status, rusage)
     runtime = time.monotonic() - t0
-    if fields is None:  # timed out; with namespaces, killing PID 1 kills them all
+    if fields is None:  # timed out or cut; with namespaces, killing PID 1 kills them all
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     if isolation != "namespaces":
@@ -643,7 +656,7 @@ def supervise(job: dict, report=None) -> dict:
     result = {"exit_code": None, "signal": None, "cpu_s": None, "max_rss_mb": None}
     result.update(fields or {})
     result["infra_error"] = None
-    if not setup_ok and not timed_out:
+    if not setup_ok and not (timed_out or cut):
         result["infra_error"] = "sandbox setup failed: " + tails[err_r].text()[-1000:]
     out_fd = os.open(os.path.join(job["workdir"], "out"), os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -655,6 +668,7 @@ def supervise(job: dict, report=None) -> dict:
         result["oom_killed"] = cgroup.oom_killed()
     result.update(
         timed_out=timed_out,
+        cut=cut,
         runtime_s=runtime,
         stdout_tail=tails[out_r].text(),
         stderr_tail=tails[err_r].text(),
