@@ -39,7 +39,9 @@ class Executor(Protocol):
     num_workers: int
     isolation: str
 
-    def submit(self, task, script: str | bytes, key: str | None = None) -> cf.Future: ...
+    def submit(self, task, script: str | bytes, key: str | None = None) -> cf.Future:
+        """(A local pool and the fake also take ``cut_s=``, a cap below the time limit:
+        ``pool.SandboxPool.submit``; cost-aware routing needs it.)"""
 
     def submit_batch(self, items: Iterable[tuple]) -> list[cf.Future]: ...
 

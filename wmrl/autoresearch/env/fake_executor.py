@@ -74,6 +74,7 @@ class Call:
     task_id: str
     sha: str
     key: str | None
+    cut_s: float | None = None  # the cap it was submitted under (None: its full limit)
 
 
 def hashed_outcome(task, script: str | bytes) -> Outcome:
@@ -120,14 +121,18 @@ class FakeExecutor:
 
     # --------------------------------------------------------------- the executor protocol
 
-    def submit(self, task, script: str | bytes, key: str | None = None) -> cf.Future:
+    def submit(
+        self, task, script: str | bytes, key: str | None = None, cut_s: float | None = None
+    ) -> cf.Future:
+        """As `SandboxPool.submit`: with `cut_s`, an outcome whose `runtime_s` is above the
+        cap comes back cut (UNGRADED, NaN reward, `runtime_s = cut_s`, `cut=True`)."""
         if self._closed:
             raise RuntimeError("FakeExecutor is closed")
         outcome = self._outcome(task, script)  # a script nobody scripted fails here, loudly
         with self._lock:
-            self.calls.append(Call(task.id, sha(script), key))
+            self.calls.append(Call(task.id, sha(script), key, cut_s))
             self._inflight += 1
-        return self._threads.submit(self._execute, task, script, outcome)
+        return self._threads.submit(self._execute, task, script, outcome, cut_s)
 
     def submit_batch(self, items: Iterable[tuple]) -> list[cf.Future]:
         return [self.submit(*item) for item in items]
@@ -162,7 +167,7 @@ class FakeExecutor:
             return self.default(task, script)
         raise KeyError(f"FakeExecutor: no outcome scripted for script {sha(script)[:12]}")
 
-    def _execute(self, task, script, outcome: Outcome) -> ExecutionResult:
+    def _execute(self, task, script, outcome: Outcome, cut_s=None) -> ExecutionResult:
         try:
             latency = outcome.latency_s
             if latency is None:
@@ -171,6 +176,12 @@ class FakeExecutor:
                 time.sleep(latency)
             if outcome.error is not None:
                 raise InfrastructureError(outcome.error)
+            if cut_s is not None and outcome.runtime_s > cut_s:
+                return ExecutionResult(
+                    task_id=task.id, status=Status.UNGRADED, reward=math.nan, score=None,
+                    percentile=None, runtime_s=float(cut_s), stdout_tail="", stderr_tail="",
+                    isolation=ISOLATION, detail="scripted: cut", cut=True,
+                )  # fmt: skip
             if outcome.status == Status.UNGRADED:
                 r = math.nan
             else:

@@ -105,6 +105,7 @@ def _submission_decides(result: dict) -> bool:
     ``outcome.script_outcome`` leaves to the grader)."""
     clean = result.get("exit_code") == 0 and result.get("signal") is None
     clean = clean and result.get("timed_out") is False and not result.get("oom_killed")
+    clean = clean and not result.get("cut")  # stopped at a cap: nothing of it is graded
     return clean and result.get("submission") == "ok"
 
 

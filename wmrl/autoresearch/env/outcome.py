@@ -84,6 +84,18 @@ def script_outcome(limits: Limits, raw: dict) -> Grade | None:
     return None
 
 
+def cut_result(task: Task, raw: dict, cut_s: float) -> ExecutionResult:
+    """A script its supervisor stopped at the cap ``cut_s`` (below its time limit): what it
+    printed and how long it ran, nothing graded. UNGRADED with a NaN reward, so that a
+    caller that ignores ``cut`` masks it rather than scoring it; never a TIMEOUT."""
+    return ExecutionResult(
+        task_id=task.id, status=Status.UNGRADED, reward=reward(Status.UNGRADED), score=None,
+        percentile=None, runtime_s=float(raw["runtime_s"]),
+        stdout_tail=raw["stdout_tail"][-TAIL_CHARS:], stderr_tail=raw["stderr_tail"][-TAIL_CHARS:],
+        isolation=raw["isolation"], detail=f"cut at the {cut_s:g} s cap (not graded)", cut=True,
+    )  # fmt: skip
+
+
 def execution_result(task: Task, raw: dict, grade: Grade) -> ExecutionResult:
     benchmark = grade.benchmark
     if benchmark is None and grade.status in (Status.NO_SUBMISSION, Status.INVALID_SUBMISSION):

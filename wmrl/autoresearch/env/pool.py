@@ -53,6 +53,7 @@ from wmrl.autoresearch.env.grader import (
     task_to_json,
 )
 from wmrl.autoresearch.env.outcome import (
+    cut_result,
     execution_result,
     script_outcome,
     submission_grade,
@@ -498,14 +499,23 @@ class SandboxPool:
 
     # -- public API ----------------------------------------------------------
 
-    def submit(self, task: Task, script: str | bytes, key: str | None = None) -> cf.Future:
+    def submit(
+        self, task: Task, script: str | bytes, key: str | None = None, cut_s: float | None = None
+    ) -> cf.Future:
         """Queue one execution; the future resolves to an ExecutionResult (never raises).
 
         ``key`` names the execution for its seed (``sandbox.execution_seed(seed, key)``):
         a resumed run that passes the same key gets the same random state. By default it
         is the task id, the script's hash and how many times this pool was given that pair
         before, which is reproducible when the submissions come in the same order.
+
+        ``cut_s``: a cap (seconds) below the task's time limit. A script still running there
+        is stopped, its slot freed, and nothing of it graded: the result is ``cut`` (status
+        UNGRADED, reward NaN, ``runtime_s`` the seconds it ran), never a TIMEOUT, since it
+        might have finished within its limit. At or above the limit it changes nothing.
         """
+        if cut_s is not None and not (math.isfinite(cut_s) and cut_s > 0):
+            raise ValueError(f"cut_s={cut_s!r}: must be a positive, finite number of seconds")
         source = script.encode("utf-8") if isinstance(script, str) else bytes(script)
         with self._pending_lock:
             self._pending += 1
@@ -514,7 +524,7 @@ class SandboxPool:
                 n = self._submitted.get(pair, 0)
                 self._submitted[pair] = n + 1
                 key = f"{pair[0]}:{pair[1]}:{n}"
-        fut = self._executor.submit(self._execute, task, source, key)
+        fut = self._executor.submit(self._execute, task, source, key, None, cut_s)
         fut.add_done_callback(self._on_done)
         return fut
 
@@ -571,8 +581,9 @@ class SandboxPool:
             return self._template
 
     def _execute(
-        self, task: Task, source: bytes, key: str, limits: Limits | None = None
-    ) -> ExecutionResult:
+        self, task: Task, source: bytes, key: str, limits: Limits | None = None,
+        cut_s: float | None = None,
+    ) -> ExecutionResult:  # fmt: skip
         t0 = time.monotonic()
         problem = check_script(source)
         if problem is not None:
@@ -591,7 +602,7 @@ class SandboxPool:
         last_error = ""
         for attempt in (1, 2):
             try:
-                result = self._attempt(task, source, key, limits or self._limits(task))
+                result = self._attempt(task, source, key, limits or self._limits(task), cut_s)
                 return dataclasses.replace(result, attempts=attempt)
             except Exception as e:  # infrastructure: retry once, then UNGRADED
                 last_error = f"{type(e).__name__}: {e}"
@@ -609,7 +620,9 @@ class SandboxPool:
             attempts=2,
         )
 
-    def _attempt(self, task: Task, source: bytes, key: str, limits: Limits) -> ExecutionResult:
+    def _attempt(
+        self, task: Task, source: bytes, key: str, limits: Limits, cut_s: float | None = None
+    ) -> ExecutionResult:
         slot = self._slots.get()
         workdir = job = None
         reported = False
@@ -650,6 +663,8 @@ class SandboxPool:
                     "wall_s": grade_wall_s,
                 },
             }
+            if cut_s is not None and cut_s < limits.time_limit_s:
+                job["cut_s"] = float(cut_s)
             timeout = limits.time_limit_s + grade_wall_s + 60
             code = self._template_for_job().run(job, timeout=timeout)
             over_budget = code == -signal.SIGPROF  # killed while grading (result.json written)
@@ -659,6 +674,8 @@ class SandboxPool:
             if raw.get("infra_error"):
                 raise InfrastructureError(raw["infra_error"])
             reported = not over_budget  # a killed supervisor left its job cgroup behind
+            if raw.get("cut"):  # stopped at the cap: nothing was graded
+                return cut_result(task, raw, job["cut_s"])
             outcome = script_outcome(limits, raw)
             if outcome is None:  # it ran cleanly: its submission decides
                 outcome = submission_grade(limits, raw["submission"], workdir, over_budget)

@@ -29,6 +29,10 @@ class ExecutionResult:
     # An imported competition's verdict in its benchmark's terms (``grader.Grade.benchmark``:
     # MLE-bench's medal, MLE-Dojo's position score); None for other tasks.
     benchmark: dict | None = None
+    # Stopped at a cap below its time limit (``SandboxPool.submit(..., cut_s=)``): nothing
+    # was graded (status UNGRADED, reward NaN), and it is not a TIMEOUT: it might have
+    # finished within its limit. ``runtime_s`` is the seconds it ran.
+    cut: bool = False
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
