@@ -83,3 +83,141 @@ def test_the_static_anchors_control_gives_wm_rows_one_shared_reward():
     assert float(fidelity.anchor_mean(c.correction.anchor_mean)) == pytest.approx(
         (1 - d) * 0.8 / (1 - d), rel=1e-6
     )
+
+
+def _permuted_by_hand(values, movable, u, group_size):
+    """`permute_within_groups` computed another way: per group, the movable values taken in
+    the order of their uniform draws `u`, written into the movable slots in row order."""
+    out = np.array(values, np.float64).reshape(-1, group_size)
+    m, u = np.asarray(movable).reshape(out.shape), np.asarray(u).reshape(out.shape)
+    for g in range(len(out)):
+        slots = np.flatnonzero(m[g])
+        drawn = slots[np.argsort(u[g][slots], kind="stable")]
+        out[g, slots] = out[g, drawn].copy()
+    return out.reshape(-1)
+
+
+def test_permute_within_groups_moves_only_the_movable_rows_within_their_group():
+    """Hand-built groups: every group keeps its fixed rows in place and its movable values
+    as a multiset; the draw is the key's (the same key, the same permutation; exact values
+    against a second implementation from the same uniforms); over keys, every permutation of
+    a group of three movable rows appears."""
+    import jax
+
+    from wmrl.core.correct import permute_within_groups
+
+    G = 4
+    values = jnp.array([0.1, 0.2, 0.3, 0.4, 1.0, 2.0, 3.0, 4.0, 7.0, 8.0, 9.0, 5.0])
+    movable = jnp.array([1, 1, 0, 1, 0, 1, 1, 1, 0, 0, 0, 1], bool)  # group 3: one movable
+    seen = set()
+    for seed in range(40):
+        key = jax.random.key(seed)
+        out = np.asarray(permute_within_groups(values, movable, key, G))
+        u = jax.random.uniform(key, (3, G))
+        np.testing.assert_array_equal(
+            out, _permuted_by_hand(values, movable, u, G).astype(np.float32)
+        )
+        np.testing.assert_array_equal(
+            out, np.asarray(permute_within_groups(values, movable, key, G))
+        )
+        v, m = np.asarray(values).reshape(3, G), np.asarray(movable).reshape(3, G)
+        o = out.reshape(3, G)
+        np.testing.assert_array_equal(o[~m], v[~m])  # fixed rows never move
+        for g in range(3):
+            assert sorted(o[g][m[g]]) == sorted(v[g][m[g]])  # a permutation within the group
+        seen.add(tuple(o[0][m[0]]))
+    assert len(seen) == 6  # 3! orders of group 0's movable values (0.1, 0.2, 0.4)
+
+
+def _permuted_correction(permute_key):
+    """One `correct` step of `wmrl`'s switches (debias and denoise on) on hand-built groups,
+    with or without the `permuted_wm` draw."""
+    deb = DebiasConfig(mode="monotone", min_pairs=2, refit_every=1)
+    corr = init_correction_state(deb)
+    # 3 groups of 4; group 1 is the anchor group; rows 1, 6 and 9 are fixed by the verifier.
+    r_wm = jnp.array([0.9, 0.5, 0.7, 0.3, 0.6, 0.2, 0.8, 0.4, 0.35, 0.55, 0.75, 0.15])
+    static = jnp.zeros(12, bool).at[jnp.array([1, 6, 9])].set(True)
+    static_reward = jnp.zeros(12).at[1].set(0.1)
+    anchor_env = jnp.array([[0.9, 0.2, 0.0, 0.6]])
+    return correct(
+        corr, r_wm, anchor_env, jnp.array([1]), group_size=G, debias_on=True, denoise_on=True,
+        debias_cfg=deb, denoise_cfg=DENOISE, static_mask=static, static_reward=static_reward,
+        permute_key=permute_key,
+    ), np.asarray(static)  # fmt: skip
+
+
+def test_permuted_wm_permutes_learned_wm_rows_and_leaves_verifier_and_anchor_rewards():
+    """`permute_key`: in every WM group the learned rows' rewards are a permutation of
+    `wmrl`'s within the group; the verifier's rows and the anchor group's real rewards are
+    exactly `wmrl`'s, and so are the calibrated scores, the anchor weight and every estimator
+    state (the anchors' pairs are the unpermuted ones). The same key draws the same."""
+    import jax
+
+    from wmrl.core.correct import MODE_SPECS
+
+    spec = MODE_SPECS["permuted_wm"]
+    assert spec.permute and spec.control and not spec.constant
+    assert (spec.uses_wm, spec.debias, spec.denoise, spec.fuse) == (True, True, True, True)
+    plain, static = _permuted_correction(None)
+    key = jax.random.key(3)
+    perm, _ = _permuted_correction(key)
+    again, _ = _permuted_correction(key)
+    np.testing.assert_array_equal(np.asarray(perm.rewards), np.asarray(again.rewards))
+    want, got = np.asarray(plain.rewards), np.asarray(perm.rewards)
+    fixed = static.copy()
+    fixed[4:8] = True  # the anchor group: real rewards
+    np.testing.assert_array_equal(got[fixed], want[fixed])
+    np.testing.assert_array_equal(got[4:8], np.float32([0.9, 0.2, 0.0, 0.6]))
+    np.testing.assert_array_equal(got[[1, 6, 9]], np.float32([0.1, 0.0, 0.0]))
+    for g in (0, 2):  # the WM groups: their learned rows' rewards, permuted
+        rows = [i for i in range(4 * g, 4 * g + 4) if not fixed[i]]
+        assert sorted(got[rows]) == sorted(want[rows])
+    # Exactly: the unfixed rows of every group drawn in the order of the key's uniforms (the
+    # anchor group's draw is overwritten by its real rewards).
+    exp = _permuted_by_hand(want, ~static, jax.random.uniform(key, (3, G)), G)
+    exp[4:8] = want[4:8]
+    np.testing.assert_array_equal(got, exp.astype(np.float32))
+    moved = [k for k in range(20) if not np.array_equal(
+        np.asarray(_permuted_correction(jax.random.key(k))[0].rewards), want)]  # fmt: skip
+    assert moved  # some draws reorder (3 learned rows in group 0, 3 in group 2)
+    np.testing.assert_array_equal(np.asarray(perm.calibrated), np.asarray(plain.calibrated))
+    assert float(perm.weight) == float(plain.weight)
+    for x, y in zip(jax.tree.leaves(perm.correction), jax.tree.leaves(plain.correction),
+                    strict=True):  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_correct_rewards_takes_a_permutation_key_exactly_in_the_permuting_mode():
+    """`StepInputs.permute_key` is required by `permuted_wm` and refused elsewhere; the key
+    of a step is a pure function of the step's key (`permutation_key`)."""
+    import jax
+
+    from wmrl.core.correct import MODE_SPECS, StepInputs, correct_rewards, permutation_key
+
+    deb = DebiasConfig(mode="monotone", min_pairs=2, refit_every=1)
+    k = permutation_key(jax.random.fold_in(jax.random.key(0), 5))
+    np.testing.assert_array_equal(
+        np.asarray(k), np.asarray(permutation_key(jax.random.fold_in(jax.random.key(0), 5)))
+    )
+    assert not np.array_equal(
+        np.asarray(k), np.asarray(permutation_key(jax.random.fold_in(jax.random.key(0), 6)))
+    )
+    x = StepInputs(
+        r_wm=jnp.array([0.1, 0.5, 0.9, 0.2]), r_env=jnp.array([0.0, 0.0, 1.0, 0.0]),
+        env_valid=jnp.array([False, False, True, True]), anchor_groups=jnp.array([False, True]),
+        anchor_index=jnp.array([1]),
+    )  # fmt: skip
+    kw = dict(group_size=2, debias_cfg=deb, denoise_cfg=DENOISE, normalize_std=False,
+              baseline="mean")  # fmt: skip
+    with pytest.raises(ValueError, match="permute_key"):
+        correct_rewards(init_correction_state(deb), x, spec=MODE_SPECS["permuted_wm"], **kw)
+    with pytest.raises(ValueError, match="permute_key"):
+        correct_rewards(
+            init_correction_state(deb), x._replace(permute_key=k), spec=MODE_SPECS["wmrl"], **kw
+        )
+    out = correct_rewards(
+        init_correction_state(deb), x._replace(permute_key=k), spec=MODE_SPECS["permuted_wm"],
+        **kw,
+    )  # fmt: skip
+    assert sorted(np.asarray(out.rewards[:2]).tolist()) == pytest.approx([0.1, 0.5])
+    np.testing.assert_array_equal(np.asarray(out.rewards[2:]), [1.0, 0.0])

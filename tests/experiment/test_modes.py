@@ -6,7 +6,7 @@ import pytest
 from tests.support.rl_fixtures import tiny_config
 from wmrl.core.correct import MODE_SPECS, MODES
 
-SWITCHES = ("uses_wm", "debias", "denoise", "fuse", "constant")
+SWITCHES = ("uses_wm", "debias", "denoise", "fuse", "constant", "permute")
 
 
 def _row(spec) -> dict:
@@ -23,6 +23,7 @@ def test_the_table_hand_written():
         "denoise_only": {"uses_wm", "denoise", "fuse"},
         "wmrl": {"uses_wm", "debias", "denoise", "fuse"},
         "static_anchors": {"uses_wm", "constant"},
+        "permuted_wm": {"uses_wm", "debias", "denoise", "fuse", "permute"},
     }
 
 
@@ -52,9 +53,10 @@ def test_embodied_step_settings_are_the_tables(mode):
     assert (st.debias.mode != "none") == spec.debias
 
 
-@pytest.mark.parametrize("mode", [m for m in MODES if not MODE_SPECS[m].constant])
+@pytest.mark.parametrize("mode", [m for m in MODES if not MODE_SPECS[m].control])
 def test_bandit_variants_are_the_tables(mode):
-    """The bandits (no static check, so no `static_anchors`): every WM mode executes its
+    """The bandits (no static check, so neither control, `static_anchors` nor `permuted_wm`;
+    the bandits' own tests list their variants): every WM mode executes its
     anchor groups; keyed debiasing, fusion and the anchor weight are the row's switches."""
     from wmrl.bandits.train import VARIANT_SPECS
 

@@ -405,7 +405,7 @@ class MultiTurnTrainer(Trainer):
         inputs = StepInputs(
             r_wm=x_r_wm, r_env=x.r_env, env_valid=env_valid, anchor_groups=routed.is_anchor,
             anchor_index=self._anchor_index(routed), static_mask=static >= 0,
-            static_reward=static_reward,
+            static_reward=static_reward, permute_key=self._permute_key(st),
         )  # fmt: skip
         result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))
         return Corrected(result, static, env_valid)

@@ -69,7 +69,7 @@ from wmrl.autoresearch.step import (
     step_metrics,
 )  # fmt: skip
 from wmrl.core import fidelity
-from wmrl.core.correct import StepInputs, correct_rewards
+from wmrl.core.correct import StepInputs, correct_rewards, permutation_key
 from wmrl.core.routing import num_anchor_groups, route_anchors
 from wmrl.core.state import init_correction_state
 from wmrl.experiment.step import PhaseClock, StepKeys, run_step
@@ -257,6 +257,13 @@ class Trainer:
         k_gen, k_route = jax.random.split(key)
         return StepKeys(sample=k_gen, route=k_route, act=k_gen)
 
+    def _permute_key(self, st: RunState):
+        """The `permuted_wm` control's draw of this step (`core.correct.permutation_key` of
+        the step's key, as `keys` folds it), None in every other mode."""
+        if not self.spec.permute:
+            return None
+        return permutation_key(jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step))
+
     def act(self, st: RunState, s: Sampled, r: Routed, key, clock: PhaseClock) -> Exchanged:
         """act: the anchor scripts go to the sandbox, the WM scores every row and the
         reference log-probs are computed while they execute, then the outcomes this step
@@ -431,7 +438,7 @@ class Trainer:
         inputs = StepInputs(
             r_wm=x.r_wm, r_env=x.r_env, env_valid=env_valid, anchor_groups=r.is_anchor,
             anchor_index=self._anchor_index(r), static_mask=static >= 0,
-            static_reward=static_reward,
+            static_reward=static_reward, permute_key=self._permute_key(st),
         )  # fmt: skip
         result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))
         return Corrected(result, static, env_valid)

@@ -20,11 +20,12 @@ from wmrl.core.routing import RoutingConfig
 from wmrl.experiment import config as xconfig
 from wmrl.experiment.config import Section, section, setting, subsection
 
-# Five of the six modes of the shared table (`wmrl.core.correct`; not the `static_anchors` control,
-# which needs a static check: a bandit has none), then the bandit-only ablations and controls
-# (`wmrl.bandits.train.VARIANT_SPECS` says what each turns on).
+# Five of the seven modes of the shared table (`wmrl.core.correct`; not the controls
+# `static_anchors` and `permuted_wm`, which stand beside a static check: a bandit has none),
+# then the bandit-only ablations and controls (`wmrl.bandits.train.VARIANT_SPECS` says what
+# each turns on).
 VARIANTS = (
-    *(m for m, spec in MODE_SPECS.items() if not spec.constant),
+    *(m for m, spec in MODE_SPECS.items() if not spec.control),
     "debias_monotone_only", "constant_bias", "cross_arm_iv",
 )  # fmt: skip
 

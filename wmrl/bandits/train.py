@@ -60,8 +60,9 @@ def mode_variant(mode: ModeSpec) -> VariantSpec:
 
 
 VARIANT_SPECS: dict[str, VariantSpec] = {
-    # (the `static_anchors` control belongs to settings with a static check; a bandit has none)
-    **{name: mode_variant(m) for name, m in MODE_SPECS.items() if not m.constant},
+    # (the controls `static_anchors` and `permuted_wm` belong to settings with a static check;
+    # a bandit has none)
+    **{name: mode_variant(m) for name, m in MODE_SPECS.items() if not m.control},
     # ablations and controls of the bandit study
     "debias_monotone_only": VariantSpec(reward="wm", anchors=True, debias="monotone"),
     "constant_bias": VariantSpec(reward="wm", constant_bias=True),

@@ -22,7 +22,9 @@ from wmrl.core.grpo import apply_anchor_weight, group_advantages
 from wmrl.core.state import CorrectionState
 from wmrl.core.stats import spearman
 
-MODES = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors")
+MODES = (
+    "real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors", "permuted_wm",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +45,25 @@ class ModeSpec:
       every WM row the verifiers do not fix gets one shared reward, the recent mean real
       reward of unflagged anchor scripts (a world model that knows only the average); anchor
       weight 1, no calibration. What `wmrl` gains over it is what the world model
-      contributes."""
+      contributes.
+    permute: the control `permuted_wm`: `wmrl` in everything (calibration, anchor weight,
+      verifiers, the anchors' real rewards, the estimators' updates), except that the
+      calibrated WM scores of each group's learned rows (those no verifier fixes) are
+      permuted among themselves by a seeded draw before advantages: the spread of the WM's
+      scores without their information (`permute_within_groups`)."""
 
     uses_wm: bool
     debias: bool
     denoise: bool
     fuse: bool = False
     constant: bool = False
+    permute: bool = False
+
+    @property
+    def control(self) -> bool:
+        """A control of the WM's contribution beside the verifiers (`static_anchors`,
+        `permuted_wm`): offered where a static check exists, not by the bandits."""
+        return self.constant or self.permute
 
 
 MODE_SPECS = {
@@ -59,6 +73,7 @@ MODE_SPECS = {
     "denoise_only": ModeSpec(uses_wm=True, debias=False, denoise=True, fuse=True),
     "wmrl": ModeSpec(uses_wm=True, debias=True, denoise=True, fuse=True),
     "static_anchors": ModeSpec(uses_wm=True, debias=False, denoise=False, constant=True),
+    "permuted_wm": ModeSpec(uses_wm=True, debias=True, denoise=True, fuse=True, permute=True),
 }
 
 # `correction.sample_fusion`: how a WM's ensemble members become one score. `auto` is the
@@ -72,6 +87,39 @@ def resolve_fusion(sample_fusion: str, spec: ModeSpec) -> bool:
     if sample_fusion not in SAMPLE_FUSIONS:
         raise ValueError(f"sample_fusion must be one of {SAMPLE_FUSIONS}, got {sample_fusion!r}")
     return spec.fuse if sample_fusion == "auto" else sample_fusion == "inverse_variance"
+
+
+def permute_within_groups(
+    values: jax.Array, movable: jax.Array, key: jax.Array, group_size: int
+) -> jax.Array:
+    """`values` [N] with, in each group of `group_size` consecutive rows, the entries where
+    `movable` [N] (bool) is True permuted among themselves uniformly at random (one draw
+    from `key`); the other entries stay where they are. A group's multiset of movable
+    values is kept, so their spread is too; which row has which value is drawn."""
+    G = group_size
+    v, m = values.reshape(-1, G), movable.reshape(-1, G)
+    u = jax.random.uniform(key, v.shape)
+
+    def one(v, m, u):
+        # Both orders list the movable slots first, the fixed slots after them in place:
+        # `slots` in row order, `draw` in a random order (u < 1 < 2).
+        slots = jnp.argsort(jnp.where(m, 0.0, 1.0), stable=True)
+        draw = jnp.argsort(jnp.where(m, u, 2.0), stable=True)
+        return v.at[slots].set(v[draw])
+
+    return jax.vmap(one)(v, m, u).reshape(values.shape)
+
+
+# The `permuted_wm` draw's stream of a step's key (`permutation_key`): apart from every
+# other draw made from that key (they split it; this folds a constant in).
+PERMUTE_STREAM = 0x7065726D
+
+
+def permutation_key(step_key: jax.Array) -> jax.Array:
+    """The raw key data (`StepInputs.permute_key`) of a step's `permuted_wm` draw, from the
+    step's key (a pure function of the run's seed and the step, so a resumed run draws the
+    same permutation)."""
+    return jax.random.key_data(jax.random.fold_in(step_key, PERMUTE_STREAM))
 
 
 class AnchorViews(NamedTuple):
@@ -113,6 +161,7 @@ def correct(
     static_reward: jax.Array | None = None,
     refit: bool = True,
     constant_on: bool = False,
+    permute_key: jax.Array | None = None,
 ) -> Correction:
     """One step of Online Debiasing and stream-level denoising on N = B*G rows.
 
@@ -123,7 +172,10 @@ def correct(
     their pairs stay out of the map); refit: refit the monotone map when due (the bandits
     refit outside their vmap over seeds instead); constant_on: the `static_anchors` control
     (every WM score replaced by the shared reward `fidelity.anchor_mean`, which then folds in
-    this step's unflagged anchor rewards).
+    this step's unflagged anchor rewards); permute_key: the `permuted_wm` control (the WM
+    stream's learned rows, calibrated, are permuted within their groups by a draw from this
+    key before the anchors' real rewards are put in; the estimators, the anchor views and
+    `calibrated` are `wmrl`'s, unpermuted).
 
     The calibration applied to this step's scores is the estimator as it was *before* this
     step's pairs (out of sample). The anchor weight is read *after* this step's anchor groups
@@ -141,13 +193,17 @@ def correct(
     stream = (
         calibrated if static_mask is None else jnp.where(static_mask, static_reward, calibrated)
     )
+    trained = stream  # what the WM rows train on
+    if permute_key is not None:
+        learned = jnp.ones(r_wm.shape, bool) if static_mask is None else ~static_mask
+        trained = permute_within_groups(stream, learned, permute_key, G)
     ok = jnp.ones(anchor_env.shape, bool) if anchor_ok is None else anchor_ok
     # An index past the last group is padding (the trainer sizes `anchor_index` to the most
     # anchor groups a step can have): nothing is written there, and it reads as ungraded.
     put = lambda rows, groups: (
         rows.reshape(-1, G).at[anchor_index].set(groups, mode="drop").reshape(-1)
     )
-    rewards = put(stream, anchor_env)
+    rewards = put(trained, anchor_env)
     valid = put(jnp.ones(stream.shape, bool), ok)
     take = lambda x: x.reshape(-1, G).at[anchor_index].get(mode="fill", fill_value=0)
     pairs = ok if static_mask is None else ok & ~take(static_mask)  # the learned anchor rows
@@ -187,6 +243,9 @@ class StepInputs(NamedTuple):
     anchor_index: jax.Array  # [A] int
     static_mask: jax.Array | None = None  # [N] bool
     static_reward: jax.Array | None = None  # [N]
+    # The `permuted_wm` control: the raw key data (`jax.random.key_data`) of the step's
+    # permutation draw (None in every other mode).
+    permute_key: jax.Array | None = None
 
 
 class CorrectionStats(NamedTuple):
@@ -250,11 +309,14 @@ def correct_rewards(
         static_mask = jnp.zeros(r_wm.shape, bool)
         static_reward = jnp.zeros_like(r_wm)
     take = lambda v: v.reshape(-1, G).at[anchor_index].get(mode="fill", fill_value=0)
+    if spec.permute != (x.permute_key is not None):
+        raise ValueError(f"permute_key must be given exactly in a permuting mode ({spec})")
+    permute_key = None if x.permute_key is None else jax.random.wrap_key_data(x.permute_key)
     c = correct(
         correction, r_wm, take(x.r_env), anchor_index, group_size=G, debias_on=spec.debias,
         denoise_on=spec.denoise, debias_cfg=debias_cfg, denoise_cfg=denoise_cfg,
         anchor_ok=take(x.env_valid), static_mask=static_mask, static_reward=static_reward,
-        constant_on=spec.constant,
+        constant_on=spec.constant, permute_key=permute_key,
     )  # fmt: skip
     a = c.anchors
     masked = lambda v: jnp.where(a.full[:, None], v, 0.0).reshape(-1)

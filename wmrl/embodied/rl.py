@@ -50,7 +50,8 @@ from wmrl.experiment.step import PhaseClock, StepKeys, run_step
 
 # The shared table (`wmrl.core.correct.MODE_SPECS`), every mode with the switches it has in
 # every experiment. `static_anchors` is the constant-score control; this setting has no
-# static check, so it is the same anchors with one shared score for every WM episode.
+# static check, so it is the same anchors with one shared score for every WM episode, and
+# `permuted_wm` permutes the calibrated WM scores of every WM group's episodes.
 MODE_SPECS = correct.MODE_SPECS
 
 
@@ -394,7 +395,10 @@ class Trainer:
             env_valid=jnp.asarray(anchor_rows),
             anchor_groups=jnp.asarray(np.arange(A + nw) < A),
             anchor_index=jnp.arange(A),
-        )
+            # `permuted_wm`: the step's draw, folded from the step's key as `keys` folds it
+            permute_key=correct.permutation_key(jax.random.fold_in(self.key, s.step))
+            if cfg.spec.permute else None,
+        )  # fmt: skip
         return Acted(real, A, nw, parts, r_wm[0], inputs, metrics)
 
     def _imagined_groups(self, state, params, real, wstarts, key, parts, metrics) -> list:
