@@ -15,6 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from wmrl.core import cut as cut_lib
 from wmrl.core import debias as debias_lib
 from wmrl.core import denoise as denoise_lib
 from wmrl.core import fidelity
@@ -246,6 +247,13 @@ class StepInputs(NamedTuple):
     # The `permuted_wm` control: the raw key data (`jax.random.key_data`) of the step's
     # permutation draw (None in every other mode).
     permute_key: jax.Array | None = None
+    # Cost-aware routing (`wmrl.core.cut`; None without it): rows outside the anchor groups
+    # that finished under the cap (their reward is `r_env`) and those it cut; every row's WM
+    # score given it ran past the cap; the anchor rows that ran past it (the cut pairs).
+    real_rows: jax.Array | None = None  # [N] bool
+    cut_mask: jax.Array | None = None  # [N] bool
+    r_cut: jax.Array | None = None  # [N]
+    past_cap: jax.Array | None = None  # [N] bool
 
 
 class CorrectionStats(NamedTuple):
@@ -261,6 +269,11 @@ class CorrectionStats(NamedTuple):
     calibrated: jax.Array  # bool: the monotone map was fitted before this step
     train_reward: jax.Array  # mean reward over the valid rows
     static_anchors_reward: jax.Array | None = None  # the control's shared reward (else None)
+    # Cost-aware routing only: the cut map fitted before this step, the past-cap anchor pairs
+    # folded in, and in `static_anchors` the cut rows' one shared reward.
+    cut_calibrated: jax.Array | None = None
+    cut_pairs: jax.Array | None = None
+    cut_shared_reward: jax.Array | None = None
 
     def as_dict(self) -> dict:
         """The fields that exist in this mode, by name."""
@@ -319,6 +332,19 @@ def correct_rewards(
         constant_on=spec.constant, permute_key=permute_key,
     )  # fmt: skip
     a = c.anchors
+    rewards, cut_stats = c.rewards, {}
+    new_state = c.correction.replace(cut=correction.cut)
+    if x.cut_mask is not None:  # cost-aware routing: the rows run under the cap
+        cut = cut_lib.correct_cut_rows(
+            correction.cut, c.rewards, x.r_env, x.real_rows, x.cut_mask, x.r_cut,
+            take(x.r_cut).reshape(-1), a.env.reshape(-1), (take(x.past_cap) & a.ok).reshape(-1),
+            debias_on=spec.debias, constant_on=spec.constant, config=debias_cfg,
+        )  # fmt: skip
+        rewards, new_state = cut.rewards, c.correction.replace(cut=cut.state)
+        cut_stats = dict(
+            cut_calibrated=cut.calibrated if spec.debias else jnp.bool_(False),
+            cut_pairs=cut.pairs, cut_shared_reward=cut.shared,
+        )  # fmt: skip
     masked = lambda v: jnp.where(a.full[:, None], v, 0.0).reshape(-1)
     diag = debias_lib.bias_diagnostic(masked(a.raw), masked(a.stream), masked(a.env), G)
     ok = a.ok.reshape(-1)
@@ -334,7 +360,7 @@ def correct_rewards(
             undefined=0.0,
         )
     adv = group_advantages(
-        c.rewards, G, valid=c.valid, normalize_std=normalize_std, baseline=baseline, eps=std_eps
+        rewards, G, valid=c.valid, normalize_std=normalize_std, baseline=baseline, eps=std_eps
     )
     # The WM stream where GRPO uses it: its within-group order vs the real one on the anchor
     # groups' learned rows, and the groups it flattened to one value.
@@ -355,11 +381,12 @@ def correct_rewards(
         wm_stream_collapsed_groups=fidelity.collapsed_groups(stream, a.raw.reshape(-1), learned, G),
         anchor_weight=c.weight,
         calibrated=correction.debias.monotone.fitted if spec.debias else jnp.bool_(False),
-        train_reward=jnp.sum(jnp.where(c.valid, c.rewards, 0.0)) / jnp.maximum(c.valid.sum(), 1),
+        train_reward=jnp.sum(jnp.where(c.valid, rewards, 0.0)) / jnp.maximum(c.valid.sum(), 1),
         # the control's one shared reward this step (before its own anchors)
         static_anchors_reward=(
             fidelity.anchor_mean(correction.anchor_mean) if spec.constant else None
         ),
+        **cut_stats,
     )
     agreement = fidelity.group_agreement(stream, env, learned, G) if padded else None
-    return StepCorrection(c.correction, c.rewards, c.valid, adv, c.calibrated, stats, agreement)
+    return StepCorrection(new_state, rewards, c.valid, adv, c.calibrated, stats, agreement)
