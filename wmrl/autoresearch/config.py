@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 from wmrl import storage
+from wmrl.autoresearch.cost_routing import CheapConfig
 from wmrl.autoresearch.env.executor import EXECUTORS
 from wmrl.autoresearch.env.task import MAX_TIME_LIMIT_S
 from wmrl.config_errors import ConfigError
@@ -266,6 +267,7 @@ class AutoResearchConfig(RunConfig):
         super().check()
         self._check_turns()
         self._check_adaptive_rho()
+        self._check_cost_routing()
         if self.wm.kind == "features" and self.env.turns > 1:
             raise ConfigError(
                 "wm.kind",
@@ -296,6 +298,39 @@ class AutoResearchConfig(RunConfig):
                 f"{self.data.max_prompt_len} tokens cannot hold one turn's history with "
                 f"env.turns={turns}: the card, the last script (data.max_new_tokens="
                 f"{self.data.max_new_tokens}) and its observation need >= {need}",
+            )
+
+    def _check_cost_routing(self) -> None:
+        """`routing = cost` needs its cap (one of the two fields), below the RL time limit;
+        the cap is read only there; the pool that runs it is local (the Ray executor has no
+        cap)."""
+        c, cost = self.correction, self.routing == "cost"
+        for name in ("cheap_limit_s", "cheap_quantile"):
+            if getattr(c, name) and not cost:
+                raise ConfigError(
+                    f"correction.{name}",
+                    f"is the cap of cost-aware routing, read only with routing='cost' (got "
+                    f"routing={self.routing!r}); set routing='cost' or leave it 0",
+                )
+        if not cost:
+            return
+        if not (c.cheap_limit_s or c.cheap_quantile):
+            raise ConfigError(
+                "correction.cheap_limit_s",
+                "routing='cost' needs its cap: correction.cheap_limit_s (seconds) or "
+                "correction.cheap_quantile (a quantile in (0, 1) of recent execution times)",
+            )
+        if c.cheap_limit_s > self.suite.time_limit_s:
+            raise ConfigError(
+                "correction.cheap_limit_s",
+                f"({c.cheap_limit_s!r} s) is above the time limit suite.time_limit_s "
+                f"({self.suite.time_limit_s!r} s): a cap must lie below the limit it cuts",
+            )
+        if self.suite.executor != "local":
+            raise ConfigError(
+                "routing",
+                f"'cost' needs the local sandbox pool (suite.executor={self.suite.executor!r} "
+                "has no cap below the time limit)",
             )
 
     def _check_adaptive_rho(self) -> None:
@@ -363,7 +398,7 @@ HISTORY = ConfigHistory(
         "correction.rho_half_life": 16.0, "correction.rho_warmup_groups": 8,
         "correction.debias": "monotone",
         "wm.seed": -1, "wm.pretrain_eval_every": 0, "wm.pretrain_patience": 5,
-        "wm.kind": "neural",
+        "wm.kind": "neural", "correction.cheap_limit_s": 0.0, "correction.cheap_quantile": 0.0,
     },
     resolve=_resolved,
     resumable=(
@@ -505,6 +540,8 @@ class TrainerConfig:
     denoise: DenoiseConfig
     # The fidelity-driven anchor fraction (`correction.adaptive_rho`); None = `routing.rho`.
     adaptive_rho: AdaptiveRhoConfig | None = None
+    # Cost-aware routing's cap (`routing = cost`); None = only the anchors execute.
+    cheap: CheapConfig | None = None
 
 
 def trainer_config(config) -> TrainerConfig:
@@ -528,4 +565,13 @@ def trainer_config(config) -> TrainerConfig:
         fuse=resolve_fusion(cfg.correction.sample_fusion, spec),
         routing=routing_config(cfg), debias=cfg.correction.debias_config("monotone"),
         denoise=cfg.correction.denoise_config(), adaptive_rho=adaptive_rho_config(cfg),
+        cheap=cheap_config(cfg),
     )  # fmt: skip
+
+
+def cheap_config(cfg: AutoResearchConfig) -> CheapConfig | None:
+    """Cost-aware routing's cap (`routing = cost`), None without it."""
+    if cfg.routing != "cost":
+        return None
+    c = cfg.correction
+    return CheapConfig(limit_s=c.cheap_limit_s, quantile=c.cheap_quantile)

@@ -240,6 +240,13 @@ class EmbodiedConfig(RunConfig):
                 f"{self.routing!r} routing is not implemented in the embodied experiment; use "
                 "'uniform'",
             )
+        for name in ("cheap_limit_s", "cheap_quantile"):
+            if getattr(self.correction, name):
+                raise ConfigError(
+                    f"correction.{name}",
+                    "the cap of cost-aware routing is not implemented in the embodied "
+                    "experiment (simulated rollouts are cheap); use 0",
+                )
         if self.rl.eval_greedy:
             raise ConfigError(
                 "rl.eval_greedy",
@@ -288,7 +295,8 @@ HISTORY = ConfigHistory(
         "correction.rho_max": 1.0, "correction.corr_low": 0.0, "correction.corr_high": 0.5,
         "correction.rho_half_life": 16.0, "correction.rho_warmup_groups": 8,
         "correction.uncertainty_share": 0.0, "correction.bin_spacing": "equal_width",
-        "correction.min_slope": 0.05,
+        "correction.min_slope": 0.05, "correction.cheap_limit_s": 0.0,
+        "correction.cheap_quantile": 0.0,
     },
     resolve=_resolved,
 )  # fmt: skip

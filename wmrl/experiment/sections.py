@@ -26,7 +26,7 @@ from wmrl.core.fidelity import AdaptiveRhoConfig
 from wmrl.core.routing import RoutingConfig
 from wmrl.experiment.config import Section, section, setting
 
-ROUTINGS = ("uniform", "uncertainty")
+ROUTINGS = ("uniform", "uncertainty", "cost")
 # rl.static_check: which outcomes the WM stream takes from a static check instead of the WM
 # (off; compile: MALFORMED; names: also RUNTIME_ERROR for a name read but never defined).
 STATIC_CHECKS = ("off", "compile", "names")
@@ -42,7 +42,10 @@ class RunConfig(Section):
     seed: int = setting(0, low=0)  # the stages' seed (and the RL run's, rl.seed = -1)
     mode: str = "wmrl"  # real | wm_only | debias_only | denoise_only | wmrl | static_anchors
     # Which groups are anchors: uniform (the paper's seeded draw) | uncertainty (a share,
-    # correction.uncertainty_share, of them the groups the WM is least sure of).
+    # correction.uncertainty_share, of them the groups the WM is least sure of) | cost
+    # (uniform anchors; every other row also runs for real under the short cap
+    # correction.cheap_limit_s or cheap_quantile, and only the rows it cuts take the WM's
+    # score: docs/method.md 3.11).
     routing: str = setting("uniform", choices=ROUTINGS)
     init_dir: str = ""  # stages shared between runs ('' = <workdir>/init)
 
@@ -141,12 +144,27 @@ class CorrectionConfig(Section):
     denoise_target: float = setting(DenoiseConfig.target, low=1.0)
     denoise_w_max: float = setting(DenoiseConfig.w_max, low=1.0)
     # How the WM ensemble's members become one score (sample level): auto = the mode's
+    # Cost-aware routing (routing = cost; exactly one of the two, 0 = unset): the cap, in
+    # seconds, under which every non-anchor row runs for real, or the adaptive cap: this
+    # quantile, in (0, 1), of the recent anchors' execution times (anchors run in full, so
+    # they are a random sample of the policy's runtimes; docs/method.md 3.11).
+    cheap_limit_s: float = setting(0.0, low=0.0, note="seconds; 0 = no fixed cap")
+    cheap_quantile: float = setting(
+        0.0, low=0.0, below=1.0, note="a quantile in (0, 1) of recent execution times; 0 = off"
+    )
     # (inverse-variance fusion in denoise_only and wmrl, the members' mean in the others), or
     # force inverse_variance | mean.
     sample_fusion: str = setting("auto", choices=SAMPLE_FUSIONS)
 
     def check(self) -> None:
         if self.rho_min > self.rho_max:
+        if self.cheap_limit_s and self.cheap_quantile:
+            raise ConfigError(
+                "cheap_quantile",
+                f"({self.cheap_quantile!r}) and correction.cheap_limit_s ({self.cheap_limit_s!r}) "
+                "are both set: the cap is either fixed or a quantile of recent execution "
+                "times; set one of them to 0",
+            )
             raise ConfigError(
                 "rho_min", f"({self.rho_min!r}) must be <= config.correction.rho_max "
                 f"({self.rho_max!r})",

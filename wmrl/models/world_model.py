@@ -193,6 +193,8 @@ def predict(
     }
     if "runtime_mean" in outputs:
         out["runtime_s"] = jnp.exp(outputs["runtime_mean"])
+        # the log-runtime's variance: P(timeout | ran past a cap) needs it (cost routing)
+        out["runtime_log_var"] = outputs["runtime_log_var"]
         if time_limit_s is not None:
             p = timeout_probability(
                 outputs["runtime_mean"], outputs["runtime_log_var"], time_limit_s
