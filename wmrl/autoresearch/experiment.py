@@ -99,7 +99,7 @@ def is_finished(workdir: str | os.PathLike) -> bool:
 def check_resumable(config, workdir: str | os.PathLike) -> None:
     """A workdir that holds a run with a different config is refused, naming the fields
     (`wmrl.autoresearch.config.HISTORY`: what fields saved runs predate, or renamed)."""
-    xconfig.check_resumable(rlconfig.HISTORY, config, workdir)
+    xconfig.check_resumable(rlconfig.HISTORY, config, workdir, schema=rlconfig.AutoResearchConfig)
 
 
 class _Log:

@@ -41,7 +41,7 @@ import optax
 from wmrl import storage
 from wmrl.embodied import legacy, rl, rollout, stages
 from wmrl.embodied import world_model as wmodel
-from wmrl.embodied.config import HISTORY, validate_embodied_config
+from wmrl.embodied.config import HISTORY, EmbodiedConfig, validate_embodied_config
 from wmrl.experiment import config as xconfig
 from wmrl.experiment import summary as summaries
 from wmrl.experiment.checkpoint import RunCheckpointer, quiet_orbax
@@ -55,7 +55,7 @@ def check_resumable(config, workdir, ignore: tuple[str, ...] = ()) -> None:
     """A workdir holding a run with another config is refused, naming the fields (those in
     `ignore`, flat names like `init_dir`, are not compared; `wmrl.embodied.config.HISTORY`:
     what fields saved runs predate)."""
-    xconfig.check_resumable(HISTORY, config, workdir, ignore)
+    xconfig.check_resumable(HISTORY, config, workdir, ignore, schema=EmbodiedConfig)
 
 
 def evaluate(trainer: rl.Trainer, params, starts, seed: int) -> dict:

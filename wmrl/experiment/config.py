@@ -19,7 +19,10 @@ name), and how fields are compared by what they do. A renamed field's old name s
 config is an error naming both (`parse(..., renamed=)`).
 `check_resumable` and `check_stage` refuse a run or a stage saved under a different config,
 naming the fields and, for a field the saved config predates, the flag that continues it as
-it was.
+it was. A run's `config.json` is read by `read_saved_config` first: a file that is not UTF-8
+JSON, not an object, or whose fields are not the schema's (a value of the wrong type or out
+of its bounds, an unknown field, a field today's config compares that it lacks) is one
+`ConfigError` naming the file and the field, never a traceback, and never a resume.
 """
 
 from __future__ import annotations
@@ -397,15 +400,110 @@ def _norm(v):
     return list(v) if isinstance(v, tuple) else v
 
 
-def check_resumable(history: ConfigHistory, config, workdir, ignore: Iterable[str] = ()) -> None:
+_EDITED = "restore the file or choose a new --workdir"
+
+
+def read_saved_config(
+    path, history: ConfigHistory, schema: type[Section], current, ignore: Iterable[str] = ()
+) -> dict:
+    """A run's saved `config.json` (an epath or local path), checked before anything is
+    compared with it: UTF-8 JSON holding an object; every field it holds, under today's name
+    (`history.renamed`), a field of `schema` whose value has the field's type and bounds
+    (`setting`); every field `current` has that a resume compares (not `history.resumable`,
+    not `ignore`) present, or one `history.added` fills. Anything else is a ConfigError
+    naming the file and the field. Cross-field rules are not applied: the comparison with
+    today's config (which passed them) refuses any difference."""
+    name = str(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(name, f"is not UTF-8 text ({e}); {_EDITED}") from None
+    try:
+        saved = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(
+            name, f"is not valid JSON (cut short or edited: {e}); {_EDITED}"
+        ) from None
+    if not isinstance(saved, dict):
+        raise ConfigError(
+            name, f"must hold a JSON object (a config), got {type(saved).__name__}; {_EDITED}"
+        )
+    now = flatten(plain(current))
+    flat = history.upgrade(flatten(saved), now)
+    for dotted, value in flat.items():
+        problem = _saved_field_problem(schema, dotted, value)
+        if problem is not None:
+            raise ConfigError(name, f"config.{problem}; {_EDITED}")
+    skip = set(history.resumable) | set(ignore)
+    lacking = [k for k in now if k not in flat and k not in skip]
+    if lacking:
+        listed = ", ".join(lacking[:5]) + (", ..." if len(lacking) > 5 else "")
+        raise ConfigError(
+            name,
+            f"config.{lacking[0]}: missing (the saved config lacks {len(lacking)} field(s) "
+            f"this version compares: {listed}); {_EDITED}",
+        )
+    return saved
+
+
+def _saved_field_problem(schema: type[Section], dotted: str, value) -> str | None:
+    """What is wrong with the flat field `dotted` = `value` of a saved config under
+    `schema` ("rl.steps: must be an integer >= 1, got 'many'"), or None."""
+    parts = dotted.split(".")
+    cls = schema
+    for i, part in enumerate(parts):
+        here = ".".join(parts[: i + 1])
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields:
+            return f"{here}: unknown field (not in {cls.__name__})"
+        kind, meta = _hints(cls)[part], fields[part].metadata.get("wmrl", {})
+        args = typing.get_args(kind)
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            kind = next(a for a in args if a is not type(None))
+        last = i == len(parts) - 1
+        if isinstance(kind, type) and issubclass(kind, Section):
+            if last:
+                return f"{here}: must be a {kind.__name__} section, got {_shown(value)}"
+            cls = kind
+            continue
+        if not last:  # a mapping where a value belongs (but a dict field's entries)
+            if kind is dict:
+                return None
+            return f"{here}: must be a value, got a mapping"
+        if value is None and (meta.get("optional") or type(None) in args):
+            return None
+        try:
+            _check(here, value, _hints(cls)[part], meta)
+        except ConfigError as e:
+            return str(e)
+        return None
+    return None
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def check_resumable(
+    history: ConfigHistory,
+    config,
+    workdir,
+    ignore: Iterable[str] = (),
+    schema: type[Section] | None = None,
+) -> None:
     """A workdir (a local folder or an epath URL) holding a run with a different config is
-    refused, naming the fields (but those in `ignore`)."""
+    refused, naming the fields (but those in `ignore`); with `schema`, its config.json is
+    checked first (`read_saved_config`)."""
     from etils import epath
 
     saved = epath.Path(workdir) / "config.json"
     if not saved.exists():
         return
-    before = json.loads(saved.read_text())
+    if schema is not None:
+        before = read_saved_config(saved, history, schema, config, ignore)
+    else:
+        before = json.loads(saved.read_text())
     ignore = set(ignore)
     diff = [k for k in history.differences(before, config) if k not in ignore]
     if diff:
