@@ -2,9 +2,12 @@
 line naming the file and the field, and the file is left as it was: once a list, `null` or
 a string raised AttributeError, deep nesting RecursionError, bad JSON named neither file
 nor field, and a wrong type in a field a resume may change (`rl.steps: "many"`) started the
-run. Checked in process (`check_resumable`) and through `python -m wmrl.main`."""
+run. So is a workdir whose journals hold a record no execution could write (an infinite
+reward was reused as an anchor's), naming the file and the line. Checked in process
+(`check_resumable`) and through `python -m wmrl.main`."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -78,15 +81,45 @@ def test_a_tampered_config_json_is_one_error_naming_file_and_field(tmp_path, nam
     assert (tmp_path / "config.json").read_bytes() == data
 
 
+def journal_line(**fields) -> str:
+    rec = {"step": 0, "row": 0, "sha": "0123456789abcdef", "task_id": "t", "status": 5,
+           "reward": 0.75, **fields}  # fmt: skip
+    return json.dumps(rec) + "\n"
+
+
+# A resume's journals, tampered with (file -> its text, the file named, what the line says).
+JOURNALS = {
+    "anchors_inf": ("anchors.jsonl", journal_line() + journal_line(row=1, reward=math.inf),
+                    "line 2: reward inf"),
+    "anchors_below_zero": ("anchors.jsonl", journal_line(status=1, reward=-7),
+                           "line 1: reward -7 with status RUNTIME_ERROR"),
+    "heldout_unknown_status": ("heldout.jsonl", journal_line(status=9), "line 1: status 9"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(JOURNALS))
+def test_a_tampered_journal_is_refused_before_the_resume(tmp_path, name):
+    file, text, needle = JOURNALS[name]
+    (tmp_path / "config.json").write_text(saved_text())
+    (tmp_path / file).write_text(text)
+    with pytest.raises(ValueError, match=rf"^{tmp_path / file} {needle}"):
+        check_resumable(load_config_file(CONFIG), tmp_path)
+
+
 @pytest.mark.real  # subprocesses: the entry point as a user runs it
 def test_the_command_line_refuses_each_tampering_in_one_line(tmp_path):
-    cases = variants()
+    cases = {name: ({"config.json": data}, f"{tmp_path / name / 'config.json'}: {needle}")
+             for name, (data, needle) in variants().items()}  # fmt: skip
+    for name, (file, text, needle) in JOURNALS.items():
+        files = {"config.json": saved_text().encode(), file: text.encode()}
+        cases[name] = (files, f"{tmp_path / name / file} {needle}")
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     procs = {}
-    for name, (data, _) in cases.items():
+    for name, (files, _) in cases.items():
         wd = tmp_path / name
         wd.mkdir()
-        (wd / "config.json").write_bytes(data)
+        for file, data in files.items():
+            (wd / file).write_bytes(data)
         cmd = [sys.executable, "-m", "wmrl.main", f"--config={CONFIG}", f"--workdir={wd}"]
         procs[name] = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -94,15 +127,14 @@ def test_the_command_line_refuses_each_tampering_in_one_line(tmp_path):
     try:
         for name, p in procs.items():
             _, stderr = p.communicate(timeout=300)
-            data, needle = cases[name]
+            files, needle = cases[name]
             wd = tmp_path / name
             assert p.returncode == 2, (name, stderr[-2000:])
             assert "Traceback" not in stderr, (name, stderr[-2000:])
             errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-            assert len(errors) == 1 and f"{wd / 'config.json'}: " in errors[0], (name, stderr)
-            assert needle in errors[0], (name, errors[0])
-            assert (wd / "config.json").read_bytes() == data  # nothing rewritten
-            assert [p.name for p in wd.iterdir()] == ["config.json"]  # nothing started
+            assert len(errors) == 1 and errors[0].startswith(f"error: {needle}"), (name, stderr)
+            # nothing rewritten, nothing started
+            assert {f.name: f.read_bytes() for f in wd.iterdir()} == files, name
     finally:
         for p in procs.values():
             if p.poll() is None:

@@ -108,7 +108,7 @@ def test_jsonl_writer_rewrites_whole_objects_and_appends_locally(fake_gcs, tmp_p
 def test_anchor_journal_on_gs_is_uploaded_at_each_flush(fake_gcs, monkeypatch):
     path = epath.Path(f"{fake_gcs.root}/run/anchors.jsonl")
     journal = AnchorJournal(path)
-    rec = journal.record(0, 1, "print(1)", "iris-species", 0, 0.5)
+    rec = journal.record(0, 1, "print(1)", "iris-species", 5, 0.75)  # VALID
     assert not path.exists()  # no append, no fsync on an object store: buffered
     journal.flush()  # what the RL loop does at the end of every step
     assert read_jsonl(path) == [rec]
@@ -118,7 +118,7 @@ def test_anchor_journal_on_gs_is_uploaded_at_each_flush(fake_gcs, monkeypatch):
     resumed = AnchorJournal(path)
     assert resumed.lookup(0, 1, "print(1)") == rec
     assert resumed.lookup(0, 1, "print(2)") is None  # another script: not a hit
-    rec2 = resumed.record(1, 0, "x = 1", "iris-species", 2, None)
+    rec2 = resumed.record(1, 0, "x = 1", "iris-species", 6, None)  # UNGRADED
     assert read_jsonl(path) == [rec, rec2]
     resumed.close()
 

@@ -153,12 +153,14 @@ def main(argv: list[str]) -> None:
         table = {v: s["final_suboptimality"] for v, s in summary["variants"].items()}
         print(json.dumps({"workdir": str(workdir), "final_suboptimality": table}, indent=2))
     elif config.experiment == "autoresearch":
+        from wmrl.autoresearch.anchors import JournalError
         from wmrl.autoresearch.env.pool import SandboxStartupError
         from wmrl.autoresearch.experiment import run
 
         try:
             summary = run(config, workdir, write_outputs=distributed.writes_outputs(cluster))
-        except SandboxStartupError as e:  # the host cannot run the sandbox safely: one line
+        # the host cannot run the sandbox safely, or a stage's journal was tampered with
+        except (SandboxStartupError, JournalError) as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         keys = ("mode", "warmstart_heldout_reward", "final_heldout_reward", "wall_time_s",

@@ -15,17 +15,17 @@ def test_record_after_a_torn_tail_survives(tmp_path):
         "sha": script_sha("a"),
         "task_id": "t",
         "status": 3,
-        "reward": 0.5,
+        "reward": 0.2,
     }
     torn = json.dumps({**whole, "row": 1, "sha": script_sha("b")})[:25]  # a kill mid-write
     path.write_text(json.dumps(whole) + "\n" + torn)
     journal = AnchorJournal(path)
     assert set(journal.done) == {(0, 0)}  # the torn record is not a completed execution
-    journal.record(0, 1, "b", "t", 3, 0.25)
+    journal.record(0, 1, "b", "t", 5, 0.75)
     journal.close()
     lines = path.read_text().splitlines()
     assert [json.loads(x)["row"] for x in lines] == [0, 1]  # every line is a whole record
     again = AnchorJournal(path)
-    assert again.lookup(0, 1, "b")["reward"] == 0.25 and again.lookup(0, 0, "a") is not None
+    assert again.lookup(0, 1, "b")["reward"] == 0.75 and again.lookup(0, 0, "a") is not None
     assert again.lookup(0, 1, "other script") is None
     again.close()

@@ -36,15 +36,15 @@ def result(status, reward, runtime_s=1.0, error_type="none", validation=None):
 TASKS = [SimpleNamespace(id=f"t{i}") for i in range(4)]
 OUTCOMES = {
     "ok": result(Status.VALID, 0.75, runtime_s=2.5, validation=0.8125),
-    "crash": result(Status.RUNTIME_ERROR, 0.125, runtime_s=0.5, error_type="ValueError"),
+    "crash": result(Status.RUNTIME_ERROR, 0.1, runtime_s=0.5, error_type="ValueError"),
     "lost": result(Status.UNGRADED, math.nan, runtime_s=math.nan),
-    "slow": result(Status.TIMEOUT, 0.25, runtime_s=10.0),
+    "slow": result(Status.TIMEOUT, 0.1, runtime_s=10.0),
 }
 
 
 def test_execute_reuses_journal_hits_and_merges_the_records(tmp_path):
     journal = AnchorJournal(tmp_path / "anchors.jsonl")
-    journal.record(3, 11, "slow", "t3", Status.TIMEOUT, 0.25, runtime_s=10.0)  # done before
+    journal.record(3, 11, "slow", "t3", Status.TIMEOUT, 0.1, runtime_s=10.0)  # done before
     pool = RecordingPool(lambda task, script: OUTCOMES[script])
     scripts = ["ok", "crash", "lost", "slow"]
     out, new = execution.execute(journal, pool, 3, [8, 9, 10, 11], TASKS, scripts, "eval")
@@ -54,7 +54,7 @@ def test_execute_reuses_journal_hits_and_merges_the_records(tmp_path):
     assert new == 3
     np.testing.assert_array_equal(out["status"], [Status.VALID, Status.RUNTIME_ERROR,
                                                   Status.UNGRADED, Status.TIMEOUT])  # fmt: skip
-    np.testing.assert_array_equal(out["reward"], [0.75, 0.125, np.nan, 0.25])
+    np.testing.assert_array_equal(out["reward"], [0.75, 0.1, np.nan, 0.1])
     np.testing.assert_array_equal(out["runtime_s"], [2.5, 0.5, np.nan, 10.0])
     none, value_error = ERROR_TYPES.index("none"), ERROR_TYPES.index("ValueError")
     # the row journalled before without an error type: unknown (-1)

@@ -8,12 +8,21 @@ and collecting every process's outcomes (`wmrl.autoresearch.execution`), the lag
 draining before untimed work, and resubmitting the pending rows after a restart. What
 survives a restart is the `Pending` record of `RunState` (the queue's checkpoint tree) plus
 the journal; the futures in flight do not.
+
+A journal is trusted only as far as an execution could have written it: every record read
+back is checked (`record_problem`: its keys, a status the grader gives, the reward the
+ladder gives that status, finite observation fields), and one that fails is refused with
+`JournalError`, naming the file and the line, before anything is reused. The record is not
+dropped and executed again: a record no execution could write means the file was edited or
+corrupted, and a silent re-execution would hide it (deleting the line named executes that
+row again on the next resume). A torn last line (a kill mid-write) is the one line skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -21,11 +30,115 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 
 from wmrl import distributed
 from wmrl.autoresearch import execution
+from wmrl.autoresearch.env.grader import Status, reward
 from wmrl.autoresearch.state import Pending
-from wmrl.jsonl import JsonlWriter, read_jsonl
+from wmrl.jsonl import JsonlWriter
+
+
+class JournalError(ValueError):
+    """A journal line that no execution could have written (the file and line named)."""
+
+
+_STATUSES = {int(s): s.name for s in Status}
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def record_problem(rec) -> str | None:
+    """What makes `rec` a record no execution wrote (None if it could be one): `step`, `row`
+    integers >= 0; `sha` 16 hex digits; `task_id` text; `status` a grader status; `reward`
+    the ladder's for it (`grader.reward`: 0, 0.1 or 0.2 exactly, VALID's in [0.5, 1],
+    UNGRADED's null); where present, `runtime_s` a finite number >= 0, `validation` a finite
+    number, `error_type` text, `benchmark` an object or null, `cut` true only UNGRADED."""
+    if not isinstance(rec, dict):
+        return f"not a JSON object (got {type(rec).__name__})"
+    for key in ("step", "row"):
+        v = rec.get(key)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return f"{key} {v!r} is not an integer >= 0"
+    sha = rec.get("sha")
+    if not (isinstance(sha, str) and len(sha) == 16 and all(c in "0123456789abcdef" for c in sha)):
+        return f"sha {_short(sha)} is not a script hash (16 hex digits)"
+    if not isinstance(rec.get("task_id"), str):
+        return f"task_id {_short(rec.get('task_id'))} is not a task id"
+    status, r = rec.get("status"), rec.get("reward")
+    if not (isinstance(status, int) and not isinstance(status, bool) and status in _STATUSES):
+        return f"status {_short(status)} is not a grader status ({sorted(_STATUSES)})"
+    name = _STATUSES[status]
+    if status == Status.UNGRADED:
+        if r is not None:
+            return f"reward {_short(r)} with status UNGRADED (UNGRADED's reward is null)"
+    elif not (_is_number(r) and math.isfinite(r)):
+        return f"reward {_short(r)} with status {name} is not a finite number"
+    elif status == Status.VALID:
+        if not 0.5 <= r <= 1.0:
+            return f"reward {r!r} with status VALID is not between 0.5 and 1"
+    elif r != reward(Status(status)):
+        return f"reward {r!r} with status {name} is off the ladder ({name}'s reward is " \
+            f"{reward(Status(status))})"  # fmt: skip
+    runtime = rec.get("runtime_s", 0.0)
+    if not (_is_number(runtime) and math.isfinite(runtime) and runtime >= 0):
+        return f"runtime_s {_short(runtime)} is not a finite number of seconds >= 0"
+    validation = rec.get("validation", 0.0)
+    if not (_is_number(validation) and math.isfinite(validation)):
+        return f"validation {_short(validation)} is not a finite number"
+    if not isinstance(rec.get("error_type", ""), str):
+        return f"error_type {_short(rec.get('error_type'))} is not an exception name"
+    if not isinstance(rec.get("benchmark"), dict | None):
+        return f"benchmark {_short(rec.get('benchmark'))} is not an object"
+    cut = rec.get("cut", False)
+    if not isinstance(cut, bool) or (cut and status != Status.UNGRADED):
+        return f"cut {_short(cut)} with status {name} (a cut execution is UNGRADED)"
+    return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def read_journal(path) -> list[dict]:
+    """Every record of the journal at `path` ([] if it does not exist), each checked
+    (`record_problem`); the first line that is not a record any execution could write is a
+    `JournalError` naming the file and the line. A last line with no newline that does not
+    parse is a write a kill cut short and is skipped (`JsonlWriter` cuts it off before it
+    appends); blank lines are skipped."""
+    path = epath.Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise JournalError(f"{path}: not UTF-8 text ({e}); {_EDITED}") from None
+    lines = text.split("\n")
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            if n == len(lines):  # no newline after it: torn by a kill
+                continue
+            raise JournalError(f"{path} line {n}: not JSON ({e}); {_EDITED}") from None
+        problem = record_problem(rec)
+        if problem is not None:
+            raise JournalError(f"{path} line {n}: {problem}; {_EDITED}")
+        out.append(rec)
+    return out
+
+
+_EDITED = (
+    "no execution writes that, so the journal was edited or corrupted: delete that line to "
+    "execute the row again, or choose a new --workdir"
+)
 
 
 def script_sha(text: str) -> str:
@@ -52,7 +165,7 @@ class AnchorJournal:
         self.path = path
         self.done = {}
         for p in [*read_also, path]:  # this journal last: its records win
-            self.done.update({(rec["step"], rec["row"]): rec for rec in read_jsonl(p)})
+            self.done.update({(rec["step"], rec["row"]): rec for rec in read_journal(p)})
         self._w = JsonlWriter(path, fsync=True, flush_every_s=self.FLUSH_EVERY_S, create=True)
 
     def lookup(self, step: int, row: int, script: str) -> dict | None:
@@ -73,6 +186,9 @@ class AnchorJournal:
                "status": int(status), "reward": reward}  # fmt: skip
         if runtime_s is not None and math.isfinite(runtime_s):
             rec["runtime_s"] = float(runtime_s)
+        problem = record_problem(rec)
+        if problem is not None:  # never write what a resume would refuse
+            raise ValueError(f"{self.path}: refusing to journal step {step} row {row}: {problem}")
         if error_type is not None:
             rec["error_type"] = str(error_type)
         if validation is not None and math.isfinite(validation):

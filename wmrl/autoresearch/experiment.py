@@ -98,8 +98,24 @@ def is_finished(workdir: str | os.PathLike) -> bool:
 
 def check_resumable(config, workdir: str | os.PathLike) -> None:
     """A workdir that holds a run with a different config is refused, naming the fields
-    (`wmrl.autoresearch.config.HISTORY`: what fields saved runs predate, or renamed)."""
+    (`wmrl.autoresearch.config.HISTORY`: what fields saved runs predate, or renamed), and so
+    is one whose config.json or journals were tampered with (`check_journals`)."""
     xconfig.check_resumable(rlconfig.HISTORY, config, workdir, schema=rlconfig.AutoResearchConfig)
+    check_journals(workdir)
+
+
+def check_journals(workdir: str | os.PathLike) -> None:
+    """Every journal a resume reuses (`anchors*.jsonl`, `heldout*.jsonl`), checked record by
+    record (`anchors.read_journal`) before anything starts: a record no execution could have
+    written is a `JournalError` naming the file and the line."""
+    from wmrl.autoresearch.anchors import read_journal
+
+    wd = epath.Path(workdir)
+    if not wd.exists():
+        return
+    for kind in ("anchors", "heldout"):
+        for path in sorted(wd.glob(f"{kind}*.jsonl")):
+            read_journal(path)
 
 
 class _Log:
