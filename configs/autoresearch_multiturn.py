@@ -12,7 +12,8 @@ episodes the world model writes every observation. Everything else is the tiny c
 sized for a 2-core CPU (24.6 min end to end on the idle 2-core machine; docs/results.md: the
 cost of each stage).
 
-Modes as in the tiny config: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl`.
+Modes as in the tiny config: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl` and the
+controls `static_anchors|permuted_wm`.
 Anchors are synchronous for K > 1 (an anchor episode's next turn needs its real observation):
 `rl.anchor_lag` is 0, and 1 is refused with K > 1.
 """

@@ -2,7 +2,8 @@
 
     python -m wmrl.main --config=configs/autoresearch_tiny.py --workdir=runs/ar_tiny
 
-Modes from the same code: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl`;
+Modes from the same code: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl` and the
+controls `static_anchors|permuted_wm` (docs/method.md 7);
 uncertainty-aware anchor routing with `--config.routing=uncertainty`. Rerunning the same
 command on the same workdir resumes from the latest complete checkpoint.
 

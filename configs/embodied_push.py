@@ -4,7 +4,8 @@
 
 A seconds-long smoke setting: `--config=configs/embodied_push.py:tiny`.
 
-Modes from the same code: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl|static_anchors`
+Modes from the same code:
+`--config.mode=real|wm_only|debias_only|denoise_only|wmrl|static_anchors|permuted_wm`
 (`static_anchors` is the control: the same anchors, but every WM-scored episode gets one shared
 score, the recent mean real success of the anchors: the core's constant-score control, an EMA
 with a half-life of 64 anchor episodes). The correction is the shared one,

@@ -4,6 +4,7 @@ pairs carry the journalled real rewards, and that the WM's online data are real 
 
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -29,7 +30,7 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-MODES = ["real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors"]
+MODES = ["real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors", "permuted_wm"]
 
 
 # The ablation modes differ from `wmrl` only in switches of the correction (each tested in
@@ -146,6 +147,71 @@ def _check_the_control(pairs, step_recs, data_dir):
     for r in step_recs:  # a constant stream has no order: no within-group correlation
         assert r["wm_stream_corr"] is None
         assert r["anchor_weight"] == 1.0
+
+
+def test_permuted_wm_trains_on_wmrls_rewards_permuted_within_each_group(rl_shared, tmp_path):
+    """One step of `wmrl` and of `permuted_wm` from the same stages and seed (3 groups of 3,
+    one anchor group, synchronous anchors): the same scripts, anchors, static verdicts,
+    calibrated scores, anchor weight, diagnostics and estimator state; the rewards GRPO trains
+    on differ only by a permutation of each WM group's learned rows, exactly the one drawn
+    from the step's key, and the step's draw is the same when the step is run again."""
+    import jax
+
+    from wmrl.autoresearch.env.pool import SandboxPool
+    from wmrl.autoresearch.experiment import prepare_stages
+    from wmrl.autoresearch.trainer import Trainer
+    from wmrl.core.correct import permutation_key, permute_within_groups
+
+    data_dir, init_dir = rl_shared
+    G, out = 3, {}
+    for mode in ("wmrl", "permuted_wm"):
+        config = tiny_config(
+            data_dir, init_dir, mode=mode, rl__anchor_lag=0, rl__groups_per_step=3,
+            rl__group_size=G,
+        )  # fmt: skip
+        s = prepare_stages(config, tmp_path / "stages", progress=False)
+        pool = SandboxPool(config.suite.workers, time_limit_cap_s=config.suite.time_limit_s)
+        (tmp_path / mode).mkdir()
+        trainer = Trainer(config, s.prepared, s.policy, s.wm, pool, tmp_path / mode)
+        try:
+            st = trainer.initial_state(s.policy_params, s.wm_params)
+            keys, clock = trainer.keys(st), trainer.clock()
+            sampled = trainer.sample(st, keys.sample, clock)
+            routed = trainer.route(st, sampled, keys.route, clock)
+            x = trainer.act(st, sampled, routed, keys.act, clock)
+            c = trainer.correct(st, routed, x, clock)
+            again = trainer.correct(st, routed, x, clock)
+        finally:
+            trainer.journal.close()
+            trainer.eval_journal.close()
+            pool.close()
+        np.testing.assert_array_equal(
+            np.asarray(c.result.rewards), np.asarray(again.result.rewards)
+        )
+        out[mode] = (sampled, routed, x, c, st)
+    (s_a, r_a, x_a, c_a, st), (s_b, r_b, x_b, c_b, _) = out["wmrl"], out["permuted_wm"]
+    assert s_a.scripts == s_b.scripts
+    np.testing.assert_array_equal(r_a.is_anchor, r_b.is_anchor)
+    np.testing.assert_array_equal(x_a.r_env, x_b.r_env)
+    np.testing.assert_array_equal(c_a.static, c_b.static)
+    for name in ("calibrated", "valid"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(c_a.result, name)), np.asarray(getattr(c_b.result, name))
+        )
+    trees = [(c.result.correction, c.result.stats) for c in (c_a, c_b)]
+    for u, v in zip(*map(jax.tree.leaves, trees), strict=True):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    want, got = np.asarray(c_a.result.rewards), np.asarray(c_b.result.rewards)
+    anchor = np.repeat(r_a.is_anchor, G)
+    fixed = c_a.static >= 0
+    np.testing.assert_array_equal(got[anchor | fixed], want[anchor | fixed])
+    for g in np.nonzero(~r_a.is_anchor)[0]:
+        rows = [i for i in range(g * G, g * G + G) if not fixed[i]]
+        assert sorted(got[rows]) == sorted(want[rows])
+    key = jax.random.fold_in(jax.random.wrap_key_data(st.rng), st.step)
+    draw = jax.random.wrap_key_data(permutation_key(key))
+    drawn = np.asarray(permute_within_groups(jnp.asarray(want), jnp.asarray(~fixed), draw, G))
+    np.testing.assert_array_equal(got[~anchor], drawn[~anchor])
 
 
 def test_warmup_compiles_every_step_function(rl_shared, tmp_path):

@@ -146,16 +146,16 @@ def mt_config(mt_shared, **changes):
     return tiny_config(data_dir, init_dir, **{**MULTITURN, **changes})
 
 
+ABLATION_MODES = ("real", "wm_only", "debias_only", "denoise_only", "static_anchors")
+
+
 # The fast suite runs `wmrl` (WM-written observations, anchor episodes executed every turn,
 # both corrections); `real` and the other WM modes (the correction's switches) are slow.
 @pytest.mark.parametrize(
     "mode",
     [
         "wmrl",
-        *(
-            pytest.param(m, marks=pytest.mark.slow)
-            for m in ("real", "wm_only", "debias_only", "denoise_only", "static_anchors")
-        ),
+        *(pytest.param(m, marks=pytest.mark.slow) for m in (*ABLATION_MODES, "permuted_wm")),
     ],
 )
 def test_every_mode_runs_two_turn_episodes_end_to_end(mt_shared, tmp_path, mode):

@@ -376,12 +376,16 @@ def test_cli_reuses_finished_runs_and_reports(tmp_path):
 
 @pytest.mark.real
 def test_cli_ablations_and_refused_config(tmp_path):
-    modes = ("real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors")
+    modes = (
+        "real", "wm_only", "debias_only", "denoise_only", "wmrl", "static_anchors", "permuted_wm",
+    )  # fmt: skip
     finished_benchmark(tmp_path, modes)
     proc = run_bench(bench_cmd(tmp_path, "--ablations"), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "speedup.json").read_text())
     assert set(data["final_heldout_reward"]) == set(modes)
+    # both controls are compared with wmrl seed by seed (the K = 3 proof's two differences)
+    assert {"wmrl - static_anchors", "wmrl - permuted_wm"} <= set(data["paired"])
     # wm_only never reaches real's final reward 0.4
     assert data["time_to_target_s"]["wm_only"] is None
     # a mode directory holding another config is refused before anything runs

@@ -9,7 +9,9 @@ and the world-model pretraining in DIR/shared/init, unless the config names othe
 `data_dir` / `init_dir`), then `real`, `wmrl` and the control `static_anchors` (the same
 anchors and static check, every other WM row one shared reward: what `wmrl` gains over it is
 the world model's contribution; with `--ablations` also `wm_only`, `debias_only`,
-`denoise_only`), each in DIR/<mode>, one after the other, every one from the
+`denoise_only` and the control `permuted_wm`, `wmrl` with its learned rows' scores permuted
+within each group: the WM's spread without its information; `--modes=` picks any of them),
+each in DIR/<mode>, one after the other, every one from the
 same warm-start and WM checkpoints with the same seed and sandbox pool size.
 
 Each stage and each mode runs in a fresh process, so no mode inherits another's JIT caches
@@ -529,13 +531,14 @@ def define_flags() -> dict:
         ),
         "out": flags.DEFINE_string("out", None, "JSON output (default: <workdir>/speedup.json)."),
         "ablations": flags.DEFINE_bool(
-            "ablations", False, "Also run wm_only, debias_only, denoise_only."
+            "ablations", False, "Also run wm_only, debias_only, denoise_only, permuted_wm."
         ),
         "modes": flags.DEFINE_list(
             "modes",
             None,
             "Exactly these modes (must include real and wmrl); overrides "
-            "--ablations. Default: real, wmrl, static_anchors.",
+            "--ablations (e.g. real,wmrl,static_anchors,permuted_wm). Default: real, wmrl, "
+            "static_anchors.",
         ),
         "steps": flags.DEFINE_integer(
             "steps", None, "RL steps per mode (default: config rl.steps; with --budget_s: none)."

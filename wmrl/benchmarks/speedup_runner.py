@@ -22,7 +22,9 @@ from wmrl.jsonl import read_jsonl
 # what the world model contributes.
 MODES = ("real", "wmrl", "static_anchors")
 ABLATIONS = ("wm_only", "debias_only", "denoise_only")
-ALL_MODES = tuple(MODE_SPECS)  # real, wm_only, debias_only, denoise_only, wmrl, static_anchors
+# real, wm_only, debias_only, denoise_only, wmrl, static_anchors, permuted_wm (the control that
+# keeps the WM's spread without its information: `--modes=real,wmrl,static_anchors,permuted_wm`)
+ALL_MODES = tuple(MODE_SPECS)
 UNLIMITED_STEPS = 10**9  # the step limit under a wall-clock budget (the budget ends the run)
 # Under a budget, held-out evaluations at EVAL_POINTS training wall-clock points spaced
 # geometrically from budget / EVAL_SPAN to the budget (a constant ~1.37x apart): time ratios

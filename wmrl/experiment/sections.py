@@ -40,7 +40,8 @@ class RunConfig(Section):
     groups are chosen, and where its shared stages live."""
 
     seed: int = setting(0, low=0)  # the stages' seed (and the RL run's, rl.seed = -1)
-    mode: str = "wmrl"  # real | wm_only | debias_only | denoise_only | wmrl | static_anchors
+    # real | wm_only | debias_only | denoise_only | wmrl | static_anchors | permuted_wm
+    mode: str = "wmrl"
     # Which groups are anchors: uniform (the paper's seeded draw) | uncertainty (a share,
     # correction.uncertainty_share, of them the groups the WM is least sure of) | cost
     # (uniform anchors; every other row also runs for real under the short cap
