@@ -175,26 +175,30 @@ class AnchorJournal:
     def record(
         self, step: int, row: int, script: str, task_id: str, status: int, reward,
         runtime_s: float | None = None, error_type: str | None = None, validation=None,
-        benchmark: dict | None = None,
+        benchmark: dict | None = None, cut: bool = False,
     ) -> dict:  # fmt: skip
         """Journal one outcome; `runtime_s`, `error_type` and `validation` (the WM's
         observation targets) and `benchmark` (an imported competition's verdict,
-        `ExecutionResult.benchmark`) are optional, and records of older journals lack them."""
+        `ExecutionResult.benchmark`) are optional, and records of older journals lack them.
+        `cut`: the execution was stopped at a cap (cost-aware routing), recorded as
+        `"cut": true` with no reward; a resumed run reuses it as cut."""
         if reward is not None and math.isnan(reward):
             reward = None
         rec = {"step": step, "row": row, "sha": script_sha(script), "task_id": task_id,
                "status": int(status), "reward": reward}  # fmt: skip
-        if runtime_s is not None and math.isfinite(runtime_s):
-            rec["runtime_s"] = float(runtime_s)
         problem = record_problem(rec)
         if problem is not None:  # never write what a resume would refuse
             raise ValueError(f"{self.path}: refusing to journal step {step} row {row}: {problem}")
+        if runtime_s is not None and math.isfinite(runtime_s):
+            rec["runtime_s"] = float(runtime_s)
         if error_type is not None:
             rec["error_type"] = str(error_type)
         if validation is not None and math.isfinite(validation):
             rec["validation"] = float(validation)
         if benchmark is not None:
             rec["benchmark"] = benchmark
+        if cut:
+            rec["cut"] = True
         self._w.write([rec])
         self.done[(step, row)] = rec
         return rec
@@ -240,6 +244,7 @@ class Outcomes:
     runtime_s: np.ndarray | None = None  # [n] float32 seconds, NaN where not journalled
     error_type: np.ndarray | None = None  # [n] int32 index into ERROR_TYPES, -1 = unknown
     validation: np.ndarray | None = None  # [n] float32 raw validation metric, NaN = none
+    cut: np.ndarray | None = None  # [n] bool: stopped at a cap (`real` under cost routing)
 
 
 class AnchorQueue:
@@ -255,11 +260,14 @@ class AnchorQueue:
         self.journal, self.pool, self.lag = journal, pool, lag
         self._inflight: Submission | None = None
 
-    def submit(self, step: int, rows, tasks, scripts) -> Submission:
+    def submit(self, step: int, rows, tasks, scripts, cut_s=None) -> Submission:
         """Submit this process's share of the given anchor rows of `step` to its own pool
         (`execution.submit`: round-robin, journal hits reused, seed keys `anchor/{step}/{row}`,
-        the same when a resumed run executes them again)."""
-        return execution.submit(self.journal, self.pool, step, rows, tasks, scripts, "anchor")
+        the same when a resumed run executes them again); `cut_s`: per row, the cap of
+        `real` under cost-aware routing (None: the full limit)."""
+        return execution.submit(
+            self.journal, self.pool, step, rows, tasks, scripts, "anchor", cut_s=cut_s
+        )
 
     def collect(self, sub: Submission) -> Outcomes:
         """Wait for this process's executions, then merge every process's outcomes (the
@@ -269,7 +277,7 @@ class AnchorQueue:
         return Outcomes(
             sub.step, sub.rows, r_env, out["status"], new,
             runtime_s=out["runtime_s"].astype(np.float32), error_type=out["error_type"],
-            validation=out["validation"].astype(np.float32),
+            validation=out["validation"].astype(np.float32), cut=out["cut"].astype(bool),
         )  # fmt: skip
 
     def exchange(

@@ -320,6 +320,13 @@ class AutoResearchConfig(RunConfig):
                 "routing='cost' needs its cap: correction.cheap_limit_s (seconds) or "
                 "correction.cheap_quantile (a quantile in (0, 1) of recent execution times)",
             )
+        if c.cheap_quantile and not MODE_SPECS[self.mode].uses_wm:
+            raise ConfigError(
+                "correction.cheap_quantile",
+                f"mode {self.mode!r} executes every row under the cap, none in full: no "
+                "unbiased sample of execution times to take the quantile of; use "
+                "correction.cheap_limit_s",
+            )
         if c.cheap_limit_s > self.suite.time_limit_s:
             raise ConfigError(
                 "correction.cheap_limit_s",

@@ -96,6 +96,23 @@ def heldout_se(per_task: list[float]) -> float | None:
     return float(np.std(m, ddof=1) / np.sqrt(len(m))) if len(m) >= 2 else None
 
 
+def heldout_change(before: dict, after: dict) -> dict:
+    """The held-out reward's change from evaluation `before` (the warm start) to `after`,
+    paired by task: `heldout_change` is the mean over the tasks graded at both of the
+    per-task difference of mean rewards, `heldout_change_se` its standard error,
+    `sd(d_1..d_T, ddof=1) / sqrt(T)` (None with fewer than two tasks), `heldout_change_tasks`
+    T. Pairing removes the variance between tasks that both evaluations share, so the change
+    is far more precise than the difference of the two rewards' own standard errors says:
+    one run can tell learning from noise."""
+    a, b = before.get("heldout_per_task") or {}, after.get("heldout_per_task") or {}
+    d = np.asarray([b[t] - a[t] for t in a if a[t] is not None and b.get(t) is not None])
+    return {
+        "heldout_change": float(d.mean()) if len(d) else None,
+        "heldout_change_se": float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) >= 2 else None,
+        "heldout_change_tasks": len(d),
+    }
+
+
 def heldout_summary(
     tasks: list, k: int, status: np.ndarray, reward: np.ndarray, verdicts: dict | None = None
 ) -> dict:

@@ -41,6 +41,7 @@ def result_fields(res) -> dict:
         "error_type": getattr(res, "error_type", None),
         "validation": getattr(res, "validation", None),
         "benchmark": getattr(res, "benchmark", None),
+        "cut": bool(getattr(res, "cut", False)),  # stopped at a cap: never a reward
     }
 
 
@@ -61,12 +62,14 @@ class Execution:
 
 def submit(
     journal, pool, step: int, rows, tasks: list, scripts: list[str], kind: str,
-    sandbox_task: Callable | None = None,
+    sandbox_task: Callable | None = None, cut_s=None,
 ) -> Execution:  # fmt: skip
     """Hand this process's share of `rows` (journal keys; task `tasks[k]`, script
     `scripts[k]`) to `pool`, journal hits reused. `kind` names the execution seeds (anchor,
     eval, ...); `sandbox_task(task)` is the task the sandbox runs (default: `task` itself;
-    multi-turn runs a suite task's episode task), the journal keeps `task.id`."""
+    multi-turn runs a suite task's episode task), the journal keeps `task.id`. `cut_s[k]`:
+    the cap row k runs under (cost-aware routing; None = its full limit); a row it cuts is
+    journalled as cut, and a journal hit of one is reused as cut."""
     owner = distributed.round_robin_owners(len(rows))
     me, items = jax.process_index(), {}
     for k, row in enumerate(rows):
@@ -77,7 +80,11 @@ def submit(
             items[k] = hit
             continue
         task = tasks[k] if sandbox_task is None else sandbox_task(tasks[k])
-        items[k] = pool.submit(task, scripts[k], key=f"{kind}/{step}/{int(row)}")
+        key = f"{kind}/{step}/{int(row)}"
+        if cut_s is None:
+            items[k] = pool.submit(task, scripts[k], key=key)
+        else:
+            items[k] = pool.submit(task, scripts[k], key=key, cut_s=float(cut_s[k]))
     return Execution(step, np.asarray(rows), list(tasks), list(scripts), items)
 
 
@@ -103,7 +110,8 @@ def merged_outcomes(ex: Execution) -> dict[str, np.ndarray]:
     """Every row's outcome from the journal records of every process (a collective): `status`
     [n] int32 (UNGRADED where none), `reward` [n] float64 (exactly the grader's; NaN where
     ungraded), `runtime_s` [n] float64 (NaN unknown), `error_type` [n] int32 (index into
-    `observation.ERROR_TYPES`, -1 unknown), `validation` [n] float64 (NaN none), and an
+    `observation.ERROR_TYPES`, -1 unknown), `validation` [n] float64 (NaN none), `cut` [n]
+    int32 (1: stopped at a cap, UNGRADED and no reward; cost-aware routing), and an
     imported competition's verdict `medal`, `above_median`, `position_score` [n] float64
     (`competitions.report.verdict_row`: NaN where it does not apply)."""
     from wmrl.autoresearch.env.competitions.report import VERDICT_FIELDS, verdict_row
@@ -115,6 +123,7 @@ def merged_outcomes(ex: Execution) -> dict[str, np.ndarray]:
         "runtime_s": np.full(n, np.nan),
         "error_type": np.full(n, -1, np.int32),
         "validation": np.full(n, np.nan),
+        "cut": np.zeros(n, np.int32),
         **{name: np.full(n, np.nan) for name in VERDICT_FIELDS},
     }
     for k, rec in ex.items.items():
@@ -124,6 +133,7 @@ def merged_outcomes(ex: Execution) -> dict[str, np.ndarray]:
         if rec.get("error_type") in ERROR_TYPES:
             out["error_type"][k] = ERROR_TYPES.index(rec["error_type"])
         out["validation"][k] = rec.get("validation", np.nan)
+        out["cut"][k] = int(bool(rec.get("cut")))
         verdict = verdict_row(ex.tasks[k], rec["status"], rec.get("benchmark"))
         for name, value in zip(VERDICT_FIELDS, verdict, strict=True):
             out[name][k] = value

@@ -62,7 +62,7 @@ from etils import epath
 from tqdm import tqdm
 
 from wmrl import distributed, storage
-from wmrl.autoresearch import anchor_metrics, model_setup, stages, wm_pretraining
+from wmrl.autoresearch import anchor_metrics, evaluation, model_setup, stages, wm_pretraining
 from wmrl.autoresearch import config as rlconfig
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch.plots import plot_run
@@ -276,6 +276,8 @@ def run(
         st, compile_s = _train(config, trainer, st, log, ckpt, progress)
     finally:
         trainer.journal.close()
+        if getattr(trainer, "cost", None) is not None:  # cost routing's capped rows
+            trainer.cost.journal.close()
         trainer.eval_journal.close()
         pool.close()
         ckpt.close()
@@ -296,6 +298,13 @@ def run(
             config.target_reward,
         )  # fmt: skip
         summary["anchor_figures"] = anchor_figures(config, pairs, st.step)
+        if config.routing == "cost":  # the cap, the real-row share, the cut rows
+            from wmrl.autoresearch.cost_routing import cost_summary
+            from wmrl.autoresearch.plots import plot_cost_routing
+
+            steps = [r for r in records if r["kind"] == "step"]
+            summary.update(cost_summary(steps, pairs))
+            plot_cost_routing(workdir, steps)
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -367,6 +376,8 @@ class _Loop:
     def step(self, st):
         st, metrics, pairs = self.trainer.run_step(st)
         self.trainer.journal.flush()  # remote workdir: the step's executions, uploaded
+        if getattr(self.trainer, "cost", None) is not None:
+            self.trainer.cost.journal.flush()
         return st, metrics, {"pairs.jsonl": pairs}  # with the lag: the last step's anchors
 
     def position(self, st) -> tuple[int, float]:
@@ -500,6 +511,8 @@ def make_summary(
         * config.env.turns,
         "heldout_curve": summaries.heldout_curve(evals, CURVE_KEYS),
         "final_heldout_status_rates": evals[-1]["heldout_status_rates"],
+        # the change since the warm start, paired by held-out task (learning vs noise)
+        **evaluation.heldout_change(evals[0], evals[-1]),
         **_by_turn(evals),
         "wm_kind": config.wm.kind,
         "wm_pretrain_heldout": held,

@@ -30,6 +30,25 @@ def reliability(
     return np.array(xs), np.array(ys)
 
 
+def plot_cost_routing(workdir: str | os.PathLike, steps: list[dict]) -> None:
+    """`<workdir>/plots/cost_routing.png` (cost-aware routing): the cap in force and the share
+    of rows whose reward is a real outcome, per step."""
+    out = epath.Path(workdir) / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    x = [s["step"] for s in steps]
+    fig, (cap, share) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
+    cap.plot(x, [s["cheap_limit_s"] for s in steps], "o-")
+    cap.set_ylabel("cap in force (s)")
+    cap.set_title("cost-aware routing")
+    share.plot(x, [s["real_row_share"] for s in steps], "o-")
+    share.set_ylim(0, 1.05)
+    share.set_xlabel("RL step")
+    share.set_ylabel("real-row share")
+    fig.tight_layout()
+    save_figure(fig, out / "cost_routing.png", dpi=120)
+    plt.close(fig)
+
+
 def plot_run(
     workdir: str | os.PathLike,
     steps: list[dict],

@@ -25,6 +25,7 @@ import re
 import numpy as np
 from flax import struct
 
+from wmrl.autoresearch.cost_routing import CapState
 from wmrl.autoresearch.env.grader import Status
 from wmrl.core.fidelity import AdaptiveRhoState
 from wmrl.core.state import CorrectionState
@@ -132,6 +133,12 @@ class Pending:
     # [A*G] the WM's P(timeout) at generation time (the pairs' p_timeout), NaN = unknown (no
     # runtime head; a checkpoint written before it was kept)
     p_timeout: np.ndarray
+    # Cost-aware routing only (None otherwise, so other runs keep their layout): [A*G] the
+    # WM's score given a run past the cap and its P(timeout | past the cap), at generation
+    # time, padded like the rows; the cap (s) in force at that step (`cost_routing`).
+    r_cut: np.ndarray | None = None
+    p_cut: np.ndarray | None = None
+    cap_s: np.ndarray | None = None
 
     @property
     def valid(self) -> bool:
@@ -185,6 +192,9 @@ class RunState:
     # agreement (`correction.adaptive_rho`); None when the rule is off, so such a run keeps
     # the checkpoint layout it always had (and checkpoints written before it resume).
     adaptive_rho: AdaptiveRhoState | None = None
+    # Cost-aware routing's adaptive cap: its window of recent anchor execution times
+    # (`wmrl.autoresearch.cost_routing.CapState`); None otherwise.
+    cap: CapState | None = None
     step: int = struct.field(pytree_node=False, default=0)
     wall_time_s: float = struct.field(pytree_node=False, default=0.0)
     real_executions: int = struct.field(pytree_node=False, default=0)

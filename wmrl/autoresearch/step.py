@@ -57,6 +57,7 @@ class Scored(NamedTuple):
     ref_logp: jax.Array  # [N, L] reference policy's log-probs (on device)
     # [N] the WM's P(timeout) under each row's limit (None: no runtime head, or no WM)
     p_timeout: np.ndarray | None = None
+    outputs: dict | None = None  # the WM's outputs (cost routing reads its runtime head)
 
 
 class Exchanged(NamedTuple):
@@ -85,6 +86,20 @@ class Exchanged(NamedTuple):
     # [N] float32 the WM's P(timeout) of each position's script when it was scored (NaN where
     # unknown), recorded with the anchor pairs (`wmrl.autoresearch.anchor_metrics`).
     p_timeout: np.ndarray | None = None
+    # Cost-aware routing (`wmrl.autoresearch.cost_routing`; None otherwise): [N] rows outside
+    # the anchor positions that finished under the cap (`r_env`, `status` filled in) and rows
+    # it cut; every row's WM score and P(timeout) given a run past its cap; the anchor
+    # positions that ran past theirs; the cap in force (s); the rows run capped, how many of
+    # them were executed now (not journal hits); the sandbox seconds of the step's outcomes.
+    real_rows: np.ndarray | None = None
+    cut: np.ndarray | None = None
+    r_cut: np.ndarray | None = None
+    p_cut: np.ndarray | None = None
+    past_cap: np.ndarray | None = None
+    cap_s: float | None = None
+    capped_rows: int = 0
+    capped_new: int = 0
+    execution_s: float | None = None
 
 
 class Corrected(NamedTuple):

@@ -52,6 +52,7 @@ from wmrl.autoresearch import config as rlconfig
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch import evaluation, model_setup
 from wmrl.autoresearch.anchors import AnchorQueue, Submission, open_journal
+from wmrl.autoresearch.cost_routing import CostRouting, pending_with_cut_fields
 from wmrl.autoresearch.env.grader import Status
 from wmrl.autoresearch.env.grader import reward as status_reward
 from wmrl.autoresearch.state import TOKEN_ARRAYS, Pending, Replay, RunState
@@ -128,6 +129,12 @@ class Trainer:
         # Anchor rows one step behind (rl.anchor_lag): only where a WM stream scores the
         # rest; `real` executes every group and stays synchronous GRPO.
         self.anchors = AnchorQueue(self.journal, pool, tc.anchor_lag)
+        # Cost-aware routing (`routing = cost`): every other row runs for real under a cap
+        # (`wmrl.autoresearch.cost_routing`), journalled in cheap.jsonl; None without it.
+        self.cost = None
+        if tc.cheap is not None:
+            limit = functools.partial(rldata.time_limit, cap_s=tc.time_limit_cap_s)
+            self.cost = CostRouting(tc, pool, open_journal(workdir, "cheap"), self.journal, limit)
         # Outcomes known without execution (`rl.static_check`): a script that does not compile
         # gets MALFORMED's exact reward ("compile"), one that reads a name it never defines
         # also RUNTIME_ERROR's ("names"), instead of a WM score.
@@ -141,6 +148,8 @@ class Trainer:
         self.max_anchor_groups = rlconfig.max_anchor_groups(tc)
         self.num_anchor_rows = self.max_anchor_groups * self.G
         self.no_pending = Pending.empty(max(self.num_anchor_rows, 1), self.max_len)
+        if self.cost is not None:
+            self.no_pending = pending_with_cut_fields(self.no_pending)
         self._correct = jax.jit(
             functools.partial(
                 correct_rewards, group_size=self.G, spec=self.spec, debias_cfg=tc.debias,
@@ -159,7 +168,7 @@ class Trainer:
         self.policy = dataclasses.replace(self.policy, tx=model_setup.adam(self.tc.learning_rate))
         self.wm = dataclasses.replace(self.wm, tx=model_setup.adam(self.tc.wm_learning_rate))
         ref = jax.tree.map(jnp.copy, policy_params)
-        return RunState(
+        st = RunState(
             policy=self.policy.new_state(policy_params, self.policy.tx),
             ref_params=ref,
             wm=self.wm.new_state(wm_params, self.wm.tx),
@@ -172,6 +181,7 @@ class Trainer:
             rng=np.asarray(jax.random.key_data(self.key)),
             adaptive_rho=None if self.rule is None else fidelity.init_adaptive_rho(),
         )
+        return st if self.cost is None else self.cost.initial_state(st, self.prepared.executions)
 
     def warmup(self, st: RunState) -> float:
         """Compile every jitted function of an RL step before the RL clock starts; returns
@@ -269,9 +279,12 @@ class Trainer:
         reference log-probs are computed while they execute, then the outcomes this step
         trains on are collected (`_exchange`)."""
         with clock("execute_s"):
-            submission = self._submit(s, r)
+            capped = self.cost.submit(st, s, r) if self.cost is not None else None
+            submission = self._submit(s, r, st)
             scored = self._score(st, s, r, clock)  # while the anchors execute
             exchanged = self._exchange(st, s, r, scored, submission, clock)
+            if self.cost is not None:  # the capped rows' outcomes
+                exchanged = self.cost.collect(st, s, r, scored, exchanged, capped)
         if not self.anchors.lag or not len(r.submit_idx):
             clock.seconds["anchor_wait_s"] = clock.seconds["execute_s"]
         return exchanged
@@ -300,9 +313,16 @@ class Trainer:
             wm_calls=st.wm_calls + (n_rows if self.spec.uses_wm else 0),
             adaptive_rho=self._next_rule_state(st, c),
         )  # fmt: skip
+        # Sandbox seconds of the outcomes the step trains on (journal hits included).
+        metrics["execution_s"] = float(np.nansum(x.runtime_s[r.anchor_idx])) if x.collected else 0.0
+        pairs = anchor_pairs(x, c)
+        if self.cost is not None:
+            new_state, cost_metrics = self.cost.finish(new_state, x, c, n_rows)
+            metrics.update(cost_metrics, execution_s=x.execution_s)
+            pairs = self.cost.annotate_pairs(pairs, x, c)
         metrics["wall_time_s"] = new_state.wall_time_s
         metrics["real_executions"] = new_state.real_executions
-        return new_state, metrics, anchor_pairs(x, c)
+        return new_state, metrics, pairs
 
     def sample(self, st: RunState, key, clock: PhaseClock) -> Sampled:
         """sample: G scripts for each of the step's B tasks (a pure function of seed, step)."""
@@ -362,11 +382,13 @@ class Trainer:
             return st.adaptive_rho
         return self._rho_update(st.adaptive_rho, c.result.anchor_agreement)
 
-    def _submit(self, s: Sampled, r: Routed) -> Submission:
-        """The anchor scripts go to the sandbox pool (journal hits reused)."""
+    def _submit(self, s: Sampled, r: Routed, st: RunState | None = None) -> Submission:
+        """The anchor scripts go to the sandbox pool (journal hits reused); `real` under
+        cost-aware routing runs them under the cap."""
         idx = r.submit_idx
         tasks, scripts = [s.row_tasks[i] for i in idx], [s.scripts[i] for i in idx]
-        return self.anchors.submit(s.step, idx, tasks, scripts)
+        caps = self.cost.anchor_caps(st, tasks) if self.cost is not None else None
+        return self.anchors.submit(s.step, idx, tasks, scripts, cut_s=caps)
 
     def _score(self, st: RunState, s: Sampled, r: Routed, clock: PhaseClock) -> Scored:
         """score: WM scores of every row and the reference policy's log-probs."""
@@ -380,7 +402,7 @@ class Trainer:
         n = len(s.scripts)
         r_wm = wm_out["score"] if wm_out is not None else np.zeros(n, np.float32)
         p_timeout = wm_out.get("p_timeout") if wm_out is not None else None
-        return Scored(r_wm, ref_logp, p_timeout)
+        return Scored(r_wm, ref_logp, p_timeout, wm_out)
 
     def _exchange(
         self, st: RunState, s: Sampled, r: Routed, sc: Scored, sub: Submission, clock
@@ -440,6 +462,8 @@ class Trainer:
             anchor_index=self._anchor_index(r), static_mask=static >= 0,
             static_reward=static_reward, permute_key=self._permute_key(st),
         )  # fmt: skip
+        if self.cost is not None:  # the rows run under the cap
+            inputs = self.cost.inputs(inputs, x)
         result = self._correct(st.correction, jax.tree.map(jnp.asarray, inputs))
         return Corrected(result, static, env_valid)
 
