@@ -158,3 +158,14 @@ def test_type_and_metric_of_the_wrong_kind(good, tmp_path, field, bad):
 
 def test_target_of_the_wrong_kind(good, tmp_path):
     assert "target must be a column name" in refused(with_meta(good, tmp_path, target=["label"]))
+
+
+@pytest.mark.parametrize(
+    "text", ['"a competition"', '["competition"]', "[" * 100_000 + "]" * 100_000]
+)
+def test_a_task_json_that_is_no_object_is_one_task_error(good, tmp_path, text):
+    """Not handed to the competition loader because its text holds the word (a string or a
+    list), nor a traceback from the nesting depth: one TaskError naming task.json."""
+    d = copy_of(good, tmp_path)
+    (d / "task.json").write_text(text)
+    assert "task.json" in refused(d)

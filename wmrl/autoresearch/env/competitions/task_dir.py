@@ -266,9 +266,10 @@ def is_competition_task(root: Path) -> bool:
     """Whether ``root``'s task.json holds a ``competition`` block (an unreadable task.json is
     left to ``load_task``'s own refusal)."""
     try:
-        return "competition" in json.loads((root / "task.json").read_text())
-    except (OSError, ValueError, TypeError):
+        meta = json.loads((root / "task.json").read_text())
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return False
+    return isinstance(meta, dict) and "competition" in meta
 
 
 def _block(meta: dict, name: str) -> dict:
