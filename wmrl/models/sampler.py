@@ -73,6 +73,7 @@ class DecodeState(NamedTuple):
     mask: jax.Array  # [R, N]
     logprobs: jax.Array  # [R, N]
     rng: jax.Array
+    constraint_state: object = None  # a token program's per-row state (schema_decoding)
 
 
 def filter_logits(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
@@ -136,12 +137,19 @@ def prefill(graphdef, params, prompts, prompt_mask, *, max_new_tokens: int, num_
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sc", "prompt_len"), donate_argnums=(2,))
-def decode(graphdef, params, cache, key_mask, next_logits, next_position, rng, *, sc, prompt_len):
+def decode(
+    graphdef, params, cache, key_mask, next_logits, next_position, rng, *, sc, prompt_len,
+    constraint=None,
+):  # fmt: skip
     """While-loop decode over the donated cache.
 
     Returns (`SampleOutput`, final cache). The cache is returned so its donated
     input buffer aliases the output: the loop then updates it in place instead
     of copying it once per call.
+
+    `constraint` (a `wmrl.models.schema_decoding.Program`, None = free decoding) masks each
+    step's logits to the tokens its program allows in each row before the token is drawn,
+    so the output follows the program's schema; the log-probs stay the policy's own.
     """
     model: Transformer = nnx.merge(graphdef, params)
     R = next_logits.shape[0]
@@ -152,10 +160,19 @@ def decode(graphdef, params, cache, key_mask, next_logits, next_position, rng, *
 
     def body(s: DecodeState):
         rng, sub = jax.random.split(s.rng)
-        token = _choose(s.next_logits, sub, sc)
+        logits = s.next_logits
+        if constraint is not None:
+            allowed = constraint.allowed_tokens(s.constraint_state)
+            logits = jnp.where(allowed, logits, jnp.finfo(logits.dtype).min)
+        token = _choose(logits, sub, sc)
         logp = jnp.take_along_axis(jax.nn.log_softmax(s.next_logits), token[:, None], axis=-1)[:, 0]
         live = ~s.done
         token = jnp.where(live, token, sc.pad_id)
+        cstate = s.constraint_state
+        if constraint is not None:  # rows that stopped keep their state
+            new = constraint.advance(cstate, token)
+            keep = lambda a, b: jnp.where(live.reshape(live.shape + (1,) * (a.ndim - 1)), a, b)
+            cstate = jax.tree.map(keep, new, cstate)
         tokens = s.tokens.at[:, s.step].set(token)
         mask = s.mask.at[:, s.step].set(live)
         logprobs = s.logprobs.at[:, s.step].set(jnp.where(live, logp, 0.0))
@@ -167,13 +184,13 @@ def decode(graphdef, params, cache, key_mask, next_logits, next_position, rng, *
         )
         return DecodeState(
             cache, key_mask, logits[:, 0], s.next_position + 1, s.step + 1, done,
-            tokens, mask, logprobs, rng,
+            tokens, mask, logprobs, rng, cstate,
         )  # fmt: skip
 
     init = DecodeState(
         cache, key_mask, next_logits, next_position, jnp.int32(0), jnp.zeros((R,), bool),
         jnp.full((R, N), sc.pad_id, jnp.int32), jnp.zeros((R, N), bool),
-        jnp.zeros((R, N), jnp.float32), rng,
+        jnp.zeros((R, N), jnp.float32), rng, None if constraint is None else constraint.init(R),
     )  # fmt: skip
     final = jax.lax.while_loop(cond, body, init)
     return SampleOutput(final.tokens, final.mask, final.logprobs), final.cache
@@ -187,11 +204,13 @@ def generate(
     rng: jax.Array,
     sc: SamplingConfig,
     max_len: int,
+    constraint=None,
 ) -> SampleOutput:
     """Sample from a policy given as (graphdef, pure-dict params), as a train state holds it.
 
     prompts, prompt_mask: `[B, P]` (left padding; mask True on real tokens).
     `max_len` is the model's `cfg.max_len`; P + `sc.max_new_tokens` must fit in it.
+    `constraint`: a token program every row's output follows (`decode`).
     """
     check_prompts(prompts, prompt_mask, max_len, sc.max_new_tokens)
     cache, key_mask, logits, position = prefill(
@@ -199,8 +218,9 @@ def generate(
         max_new_tokens=sc.max_new_tokens, num_samples=sc.num_samples,
     )  # fmt: skip
     out, _ = decode(
-        graphdef, params, cache, key_mask, logits, position, rng, sc=sc, prompt_len=prompts.shape[1]
-    )
+        graphdef, params, cache, key_mask, logits, position, rng, sc=sc,
+        prompt_len=prompts.shape[1], constraint=constraint,
+    )  # fmt: skip
     return out
 
 
