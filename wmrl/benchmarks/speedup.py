@@ -113,6 +113,7 @@ from wmrl.benchmarks.speedup_report import format_table, plot_curves
 from wmrl.benchmarks.speedup_runner import (
     ALL_MODES,
     MODES,
+    known_mode,
     load_runs,
     modes_for,
     run_modes,
@@ -538,7 +539,8 @@ def define_flags() -> dict:
             None,
             "Exactly these modes (must include real and wmrl); overrides "
             "--ablations (e.g. real,wmrl,static_anchors,permuted_wm). Default: real, wmrl, "
-            "static_anchors.",
+            "static_anchors. Any mode as <mode>+cap (cost-aware routing, 2 s cap), "
+            "<mode>+cap=S or <mode>+capq=Q (e.g. real+cap,wmrl+cap,static_anchors+cap).",
         ),
         "steps": flags.DEFINE_integer(
             "steps", None, "RL steps per mode (default: config rl.steps; with --budget_s: none)."
@@ -579,10 +581,12 @@ def main(argv, f: dict) -> None:
         if eval_samples < 0:
             raise ConfigError("--eval_samples", f"must be >= 0, got {eval_samples}")
         modes = tuple(f["modes"].value or modes_for(f["ablations"].value))
-        unknown = sorted(set(modes) - set(ALL_MODES))
+        unknown = sorted(m for m in modes if not known_mode(m))
         if unknown or not {"real", "wmrl"} <= set(modes):
             raise ConfigError(
-                "--modes", f"{list(modes)}: needs real and wmrl, modes of {list(ALL_MODES)}"
+                "--modes",
+                f"{list(modes)}: needs real and wmrl, modes of {list(ALL_MODES)}, "
+                "each also as <mode>+cap, <mode>+cap=S or <mode>+capq=Q (cost-aware routing)",
             )
         result = benchmark(
             config, workdir, modes, budget, f["steps"].value, out, seeds=seeds,

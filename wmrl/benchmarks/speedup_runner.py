@@ -41,6 +41,40 @@ def geometric_points(budget_s: float, n: int = EVAL_POINTS, span: float = EVAL_S
     return tuple(budget_s * span ** (i / (n - 1) - 1.0) for i in range(n))
 
 
+# A mode under cost-aware routing (docs/method.md 3.11): `<mode>+cap` (the cap at
+# DEFAULT_CAP_S), `<mode>+cap=S` (S seconds) or `<mode>+capq=Q` (the adaptive cap, quantile Q
+# of recent anchor execution times); e.g. --modes=real,wmrl,static_anchors,real+cap,wmrl+cap,
+# static_anchors+cap. The base mode's runs are today's, without the cap.
+CAP_SUFFIX = "+cap"
+DEFAULT_CAP_S = 2.0
+
+
+def split_mode(name: str) -> tuple[str, dict]:
+    """(the base mode, the config fields its cap sets: {} without one) of a benchmark mode
+    name; ValueError for a cap that does not parse."""
+    base, sep, cap = name.partition(CAP_SUFFIX)
+    if not sep:
+        return name, {}
+    fields = {"routing": "cost", "correction.cheap_limit_s": 0.0, "correction.cheap_quantile": 0.0}
+    if cap == "":
+        fields["correction.cheap_limit_s"] = DEFAULT_CAP_S
+    elif cap.startswith("="):
+        fields["correction.cheap_limit_s"] = float(cap[1:])
+    elif cap.startswith("q="):
+        fields["correction.cheap_quantile"] = float(cap[2:])
+    else:
+        raise ValueError(f"{name!r}: a capped mode is <mode>+cap, <mode>+cap=S or <mode>+capq=Q")
+    return base, fields
+
+
+def known_mode(name: str) -> bool:
+    """Whether `name` is a mode of the table, with or without a cap that parses."""
+    try:
+        return split_mode(name)[0] in ALL_MODES
+    except ValueError:
+        return False
+
+
 def modes_for(ablations: bool) -> tuple[str, ...]:
     return ALL_MODES if ablations else MODES
 
@@ -72,10 +106,14 @@ def shared_config(config, workdir: str | os.PathLike, budget_s: float | None = N
 
 
 def mode_config(config, mode: str):
-    """The shared config with `mode` set (the only field that differs between modes)."""
+    """The shared config with `mode` set (the only field that differs between modes; a
+    capped mode, `split_mode`, also sets cost-aware routing and its cap)."""
+    from wmrl.experiment.config import set_fields
+
     c = config.copy_and_resolve_references()
-    c.mode = mode
-    return c
+    base, cap = split_mode(mode)
+    c.mode = base
+    return set_fields(c, cap)
 
 
 def _redirect_output(log_path: str | None) -> None:
