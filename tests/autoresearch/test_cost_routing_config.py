@@ -30,6 +30,20 @@ def config(**changes):
         (dict(correction__cheap_limit_s=2.0), "correction.cheap_limit_s"),  # without cost
         (dict(correction__cheap_quantile=0.5), "correction.cheap_quantile"),
         (dict(routing="cost", correction__cheap_limit_s=2.0, suite__executor="ray"), "routing"),
+        (
+            dict(
+                routing="cost",
+                correction__cheap_limit_s=2.0,
+                env__turns=2,
+                rl__anchor_lag=0,
+                data__max_prompt_len=400,
+            ),
+            "routing",  # multi-turn: not built yet
+        ),
+        (
+            dict(mode="real", routing="cost", correction__cheap_quantile=0.5),
+            "correction.cheap_quantile",
+        ),
     ],
 )
 def test_bad_cost_routing_is_refused_naming_the_field(changes, field):

@@ -333,6 +333,12 @@ class AutoResearchConfig(RunConfig):
                 f"({c.cheap_limit_s!r} s) is above the time limit suite.time_limit_s "
                 f"({self.suite.time_limit_s!r} s): a cap must lie below the limit it cuts",
             )
+        if self.env.turns > 1:
+            raise ConfigError(
+                "routing",
+                f"'cost' is single-turn so far (env.turns={self.env.turns}): capped turns, "
+                "whose cut observation the WM would write, are not built; use 'uniform'",
+            )
         if self.suite.executor != "local":
             raise ConfigError(
                 "routing",
