@@ -1,0 +1,273 @@
+"""The verdict world model in the trainer (`wm.kind = "verdict"`): the policy's own backbone,
+frozen, reads a simulator's prompt and gives a schema-bound verdict per script.
+
+Its language model is the policy's transformer with the warm-started policy's parameters
+(`wm.verdict_from = "warm_start"`) or the ones the warm start began from, a pretrained
+checkpoint's in the pod configs (`"checkpoint"`). Frozen (`wm.verdict_train = "frozen"`, the
+reference's design), it is a pure function of those parameters: nothing to train, save or
+restore, and a resumed run scores exactly as the uninterrupted one.
+
+Two scores (`wm.verdict_score`):
+
+* `expected` (ours): every (status, bucket) outcome of `verdict.OUTCOMES` is scored under the
+  model by teacher forcing after the verdict's head (an empty reason): the prompt runs once
+  per row into a KV cache, the eight completions run on copies of it in one batched forward
+  (`outcome_logprobs`). Normalised, their probabilities give the WM score as the expected
+  reward and its variance from the same distribution: `predictive_var`, read by uncertainty
+  routing and the correction as the ensemble's is.
+* `sampled` (the reference's): one verdict decoded under the schema in the jitted sampler
+  (`verdict_decoding`, it always parses; the parse-failure rule is kept anyway), rewarded by
+  its top prediction; its variance is that of the rewards of its predictions weighted by their
+  confidences (0 without a hedge).
+
+Either way a script that does not compile gets 0 with variance 0 (the compile gate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from wmrl.autoresearch import data as rldata
+from wmrl.autoresearch import pretrained
+from wmrl.autoresearch import verdict as v
+from wmrl.autoresearch import verdict_decoding as vd
+from wmrl.config_errors import ConfigError
+from wmrl.models.sampler import SamplingConfig, generate
+from wmrl.models.transformer import (
+    Transformer,
+    causal_padding_mask,
+    init_cache,
+    positions_from_mask,
+)
+
+OUTCOME_REWARDS = np.array([v.outcome_reward(s, b) for s, b in v.OUTCOMES], np.float64)
+# The reference's sampling of a verdict (its temperature is `wm.verdict_temperature`).
+TOP_K, TOP_P = 20, 0.8
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def outcome_logprobs(graphdef, params, prompts, prompt_mask, completions, completion_mask):
+    """`[B, C]` log-probability of each completion after each prompt, summed over its tokens.
+
+    prompts, prompt_mask: `[B, P]` (left-padded). completions, completion_mask: `[C, Lc]`
+    (right-padded). Each prompt runs once into a cache; its C copies then run the
+    completions as one `[B*C, Lc]` chunk (row `b * C + c`).
+    """
+    model: Transformer = nnx.merge(graphdef, params)
+    B, P = prompts.shape
+    C, Lc = completions.shape
+    prompt_mask = prompt_mask.astype(bool)
+    cache = init_cache(model.cfg, B, P + Lc)
+    attn = jnp.pad(causal_padding_mask(prompt_mask), ((0, 0), (0, 0), (0, Lc)))
+    logits, cache = model(prompts, positions_from_mask(prompt_mask), attn, cache, 0)
+    cache = jax.tree.map(lambda c: jnp.repeat(c, C, axis=1), cache)  # batch is axis 1
+    comp = jnp.tile(completions, (B, 1))
+    cmask = jnp.tile(completion_mask.astype(bool), (B, 1))
+    pmask = jnp.repeat(prompt_mask, C, axis=0)
+    causal = jnp.tril(jnp.ones((Lc, Lc), bool))[None] & cmask[:, None, :]
+    mask = jnp.concatenate([jnp.broadcast_to(pmask[:, None, :], (B * C, Lc, P)), causal], axis=2)
+    start = jnp.sum(pmask, axis=1, dtype=jnp.int32)
+    positions = start[:, None] + jnp.arange(Lc, dtype=jnp.int32)[None]
+    chunk, _ = model(comp, positions, mask, cache, P)  # [B*C, Lc, V]
+    first = jnp.repeat(logits[:, -1], C, axis=0)[:, None]  # predicts each completion's first
+    logp = jax.nn.log_softmax(jnp.concatenate([first, chunk[:, :-1]], axis=1), axis=-1)
+    picked = jnp.take_along_axis(logp, comp[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(cmask, picked, 0.0), axis=1).reshape(B, C)
+
+
+def outcome_distribution(logp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From `[n, C]` log-probs of `verdict.OUTCOMES`: (probabilities `[n, C]`, expected reward
+    `[n]`, its variance `[n]`)."""
+    logp = np.asarray(logp, np.float64)
+    p = np.exp(logp - logp.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    mean = p @ OUTCOME_REWARDS
+    var = np.einsum("nc,nc->n", p, (OUTCOME_REWARDS[None] - mean[:, None]) ** 2)
+    return p, mean, var
+
+
+def sampled_score(verdict: v.Verdict | None, compiles: bool) -> tuple[float, float]:
+    """(reward of the top prediction, confidence-weighted variance over the predictions)."""
+    score = v.verdict_reward(verdict, compiles)
+    if not compiles or verdict is None or len(verdict.predictions) < 2:
+        return score, 0.0
+    w = np.array([max(p.confidence, 1e-6) for p in verdict.predictions])
+    r = np.array([p.reward for p in verdict.predictions])
+    w /= w.sum()
+    return score, float(w @ (r - w @ r) ** 2)
+
+
+def verdict_model_config(config, vocab_size: int, max_len: int):
+    """The policy's architecture with the verdict's context length (`max_len` only sizes the
+    caches and the sampler's check: the parameters are the policy's)."""
+    from wmrl.autoresearch.model_setup import policy_config
+
+    if pretrained.enabled(config):
+        return pretrained.model_config(config, max_len)
+    return dataclasses.replace(policy_config(config, vocab_size), max_len=max_len)
+
+
+class VerdictWM:
+    """The verdict scorer of one run: `predict(scripts, tasks)` as `FeatureWM`'s."""
+
+    def __init__(self, config, prepared, params, vocab_size: int):
+        w = config.wm
+        if w.verdict_train != "frozen":
+            raise ConfigError(
+                "wm.verdict_train",
+                f"{w.verdict_train!r}: fine-tuning the verdict WM on real outcomes is not "
+                "built yet; use 'frozen'",
+            )
+        t0 = time.monotonic()
+        self.config, self.tok, self.mode = config, prepared.tokenizer, w.verdict_score
+        self.prompt_len, self.cap_s = int(w.verdict_prompt_len), config.suite.time_limit_s
+        self.caps = v.PromptCaps(w.verdict_overview_chars, w.verdict_inventory_chars,
+                                 w.verdict_script_chars)  # fmt: skip
+        token_caps = vd.TokenCaps(w.verdict_reason_tokens, w.verdict_error_type_tokens,
+                                  w.verdict_feedback_tokens)  # fmt: skip
+        self.program = vd.build_verdict_program(self.tok, vocab_size, token_caps)
+        L = len(max(self.program.outcome_tokens, key=len))
+        self.completions = np.zeros((len(v.OUTCOMES), L), np.int32)
+        self.completion_mask = np.zeros((len(v.OUTCOMES), L), bool)
+        for i, path in enumerate(self.program.outcome_tokens):
+            self.completions[i, : len(path)], self.completion_mask[i, : len(path)] = path, True
+        self.max_len = self.prompt_len + max(self.program.max_new_tokens, L)
+        cfg = verdict_model_config(config, vocab_size, self.max_len)
+        self.graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+        self.params = params
+        self.sc = SamplingConfig(
+            self.program.max_new_tokens, self.tok.eos_id, self.tok.pad_id,
+            temperature=float(w.verdict_temperature), top_k=TOP_K, top_p=TOP_P,
+        )  # fmt: skip
+        self.seed = int(config.seed)
+        self._shared: dict[str, str] = {}
+        self.heldout = [r for r in prepared.executions if r["split"] == "heldout"
+                        and r.get("reward") is not None]  # fmt: skip
+        self._tasks = {t.id: t for t in prepared.train_tasks + prepared.heldout_tasks}
+        self.setup_s = time.monotonic() - t0
+
+    # -- prompts -------------------------------------------------------------------------
+
+    def _prompt_ids(self, task, script: str, tail: tuple[int, ...]) -> list[int]:
+        """The row's token ids: the prompt in the checkpoint's template, then `tail`; the
+        script section is cut shorter until the row fits `wm.verdict_prompt_len`."""
+        if task.id not in self._shared:
+            limit = rldata.time_limit(task, self.cap_s)
+            self._shared[task.id] = v.task_sections(task, limit, self.caps)
+        caps = self.caps
+        for _ in range(12):
+            text = v.build_prompt(task, script, 0.0, caps, shared=self._shared[task.id])
+            ids = [*self.tok.encode(pretrained.prompt(self.config, text), add_bos=True), *tail]
+            if len(ids) <= self.prompt_len:
+                return ids
+            caps = dataclasses.replace(caps, script_chars=caps.script_chars // 2)
+        raise ConfigError(
+            "wm.verdict_prompt_len",
+            f"{self.prompt_len} tokens cannot hold task {task.id}'s verdict prompt even with "
+            f"its script cut to {caps.script_chars} characters ({len(ids)} tokens)",
+        )
+
+    def _rows(self, scripts, tasks, tail=()) -> tuple[np.ndarray, np.ndarray]:
+        rows = [self._prompt_ids(t, s, tail) for s, t in zip(scripts, tasks, strict=True)]
+        ids = np.full((len(rows), self.prompt_len), self.tok.pad_id, np.int32)
+        mask = np.zeros((len(rows), self.prompt_len), bool)
+        for i, r in enumerate(rows):
+            ids[i, self.prompt_len - len(r) :], mask[i, self.prompt_len - len(r) :] = r, True
+        return ids, mask
+
+    # -- scoring -------------------------------------------------------------------------
+
+    def outcome_logprobs(self, scripts, tasks) -> np.ndarray:
+        """`[n, C]` log-probs of `verdict.OUTCOMES` for each row (teacher forcing)."""
+        ids, mask = self._rows(scripts, tasks, self.program.prefix)
+        out = outcome_logprobs(
+            self.graphdef, self.params, jnp.asarray(ids), jnp.asarray(mask),
+            jnp.asarray(self.completions), jnp.asarray(self.completion_mask),
+        )  # fmt: skip
+        return np.asarray(jax.device_get(out))
+
+    def sample_verdicts(self, scripts, tasks) -> list[str]:
+        """One verdict's text per row, decoded under the schema; the key is a pure function
+        of the run's seed and the rows' scripts (a resumed run draws the same)."""
+        ids, mask = self._rows(scripts, tasks)
+        digest = zlib.crc32("\0".join(scripts).encode("utf-8", "surrogatepass"))
+        key = jax.random.fold_in(jax.random.key(self.seed), digest & 0x7FFFFFFF)
+        out = generate(self.graphdef, self.params, jnp.asarray(ids), jnp.asarray(mask), key,
+                       self.sc, self.max_len, constraint=self.program.program)  # fmt: skip
+        toks, m = np.asarray(jax.device_get(out.tokens)), np.asarray(jax.device_get(out.mask))
+        return [self.tok.decode(toks[i][m[i]]) for i in range(len(toks))]
+
+    def fit_to(self, replay) -> None:
+        """Frozen: the replay of real outcomes changes nothing."""
+
+    def predict(self, scripts: list[str], tasks: list) -> dict:
+        """`score` (the WM score) and `predictive_var` `[n]`; in `expected` mode also
+        `outcome_probs` `[n, C]` over `verdict.OUTCOMES`."""
+        gate = np.array([v.compiles(s) for s in scripts])
+        if self.mode == "expected":
+            probs, mean, var = outcome_distribution(self.outcome_logprobs(scripts, tasks))
+            out = {"outcome_probs": probs.astype(np.float32)}
+        else:
+            texts = self.sample_verdicts(scripts, tasks)
+            pairs = [sampled_score(v.parse_verdict(t), g) for t, g in zip(texts, gate, strict=True)]
+            mean, var = np.array(pairs).T
+            out = {}
+        return {**out, "score": np.where(gate, mean, 0.0).astype(np.float32),
+                "predictive_var": np.where(gate, var, 0.0).astype(np.float32)}  # fmt: skip
+
+    # -- report --------------------------------------------------------------------------
+
+    def report(self) -> dict:
+        """What the summary reports of a WM before RL: the setting and, on the held-out tasks'
+        executed corpus, the within-task Spearman and RMSE of the score and the reference's
+        fidelity figures (status and bucket accuracy of the most likely outcome, expected
+        mode)."""
+        from wmrl.autoresearch.anchor_metrics import spearman
+        from wmrl.autoresearch.wm_metrics import within_task_spearman
+
+        t0 = time.monotonic()
+        held: dict = {"n": len(self.heldout)}
+        if self.heldout:
+            tasks = [self._tasks[r["task_id"]] for r in self.heldout]
+            scripts = [r["script"] for r in self.heldout]
+            got = self.predict(scripts, tasks)
+            s, y = got["score"].astype(np.float64), np.array([r["reward"] for r in self.heldout])
+            group = np.array([r["task_id"] for r in self.heldout])
+            rmse = float(np.sqrt(np.mean((s - y) ** 2)))
+            held.update(within_task_spearman=within_task_spearman(s, y, group),
+                        spearman=spearman(s, y), rmse=rmse)  # fmt: skip
+            if "outcome_probs" in got:
+                held.update(fidelity(got["outcome_probs"], self.heldout))
+        return {
+            "kind": "verdict", "train": "frozen", "score": self.mode,
+            "from": self.config.wm.verdict_from, "prompt_len": self.prompt_len,
+            "max_new_tokens": self.program.max_new_tokens, "heldout": held,
+            "time_s": self.setup_s + time.monotonic() - t0,
+        }  # fmt: skip
+
+
+def fidelity(probs: np.ndarray, records: list[dict]) -> dict:
+    """The reference's fidelity figures of the most likely outcome against each record's
+    real outcome (`verdict.real_verdict`): status accuracy over graded records, bucket
+    accuracy over the real VALID ones."""
+    from wmrl.autoresearch.env.grader import Status
+
+    top = [v.OUTCOMES[i] for i in np.argmax(probs, axis=1)]
+    status_hits, bucket_hits = [], []
+    for (status, bucket), r in zip(top, records, strict=True):
+        real = v.real_verdict(Status(r["status"]), r.get("reward"), r.get("script"))
+        if real is None:
+            continue
+        status_hits.append(status == real.top.status)
+        if real.top.status == "valid":
+            bucket_hits.append(bucket == real.top.quality_bucket)
+    mean = lambda x: float(np.mean(x)) if x else None
+    return {"status_accuracy": mean(status_hits), "bucket_accuracy": mean(bucket_hits)}
