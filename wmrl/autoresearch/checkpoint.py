@@ -42,10 +42,14 @@ def _target(saved_tree, abstract: RunState):
     `RunState.adaptive_rho` existed (no such entry; the rule is off in this run, its
     template None), its other fields by name (Orbax refuses a template entry the
     checkpoint does not have, even an empty one)."""
-    if abstract.adaptive_rho is not None or "adaptive_rho" in saved_tree:
+    # Optional entries (None in this run) a checkpoint may predate: the adaptive rule's
+    # state, and cost-aware routing's cap window (`RunState.cap`).
+    absent = {n for n in ("adaptive_rho", "cap")
+              if getattr(abstract, n) is None and n not in saved_tree}  # fmt: skip
+    if not absent:
         return abstract
     return {f.name: getattr(abstract, f.name) for f in dataclasses.fields(abstract)
-            if f.metadata.get("pytree_node", True) and f.name != "adaptive_rho"}  # fmt: skip
+            if f.metadata.get("pytree_node", True) and f.name not in absent}  # fmt: skip
 
 
 class Checkpointer:
