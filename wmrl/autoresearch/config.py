@@ -151,10 +151,13 @@ class PolicyConfig(Section):
 class WMConfig(Section):
     """The world model: its trunk, pretraining and online fine-tuning (`config.wm`)."""
 
-    # What scores the WM stream: "neural" (the transformer WM below) or "features" (a ridge
+    # What scores the WM stream: "neural" (the transformer WM below), "features" (a ridge
     # regression on script and card features any user could list, refitted on the anchors:
-    # wmrl/autoresearch/feature_wm.py, the baseline the neural WM must beat; single-turn).
-    kind: str = setting("neural", choices=("neural", "features"))
+    # wmrl/autoresearch/feature_wm.py, the baseline the neural WM must beat; single-turn) or
+    # "verdict" (the paper's: the policy's own backbone prompted as a simulator decodes a
+    # schema-bound verdict, wmrl/autoresearch/verdict_wm.py; single-turn; the wm.verdict_*
+    # fields below).
+    kind: str = setting("neural", choices=("neural", "features", "verdict"))
     d_model: int = setting(64, low=1)
     num_layers: int = setting(2, low=1)
     mlp_dim: int = setting(192, low=1)
@@ -194,6 +197,24 @@ class WMConfig(Section):
     online_learning_rate: float = setting(3e-4, above=0)
     online_steps: int = setting(2, low=0)  # WM fine-tuning steps per RL step, on the replay
     replay_size: int = setting(512, low=1)
+    # wm.kind = "verdict" (docs/world_model.md). Its LM: the warm-started policy's parameters
+    # or those the warm start began from (a pretrained checkpoint's in the pod configs).
+    verdict_from: str = setting("warm_start", choices=("warm_start", "checkpoint"))
+    # "frozen" (the reference's design); "finetune" (on verdicts written from real outcomes)
+    # is refused until it is built.
+    verdict_train: str = setting("frozen", choices=("frozen", "finetune"))
+    # "expected": the expected reward over the teacher-forced probabilities of every (status,
+    # bucket) outcome, with their variance; "sampled": the reward of one decoded verdict's
+    # top prediction (the reference's).
+    verdict_score: str = setting("expected", choices=("expected", "sampled"))
+    verdict_prompt_len: int = setting(2048, low=64)  # prompt tokens (the script is cut to fit)
+    verdict_overview_chars: int = setting(4000, low=1)  # the task card's cap in the prompt
+    verdict_inventory_chars: int = setting(2000, low=1)  # the public files' listing's cap
+    verdict_script_chars: int = setting(8000, low=1)  # the numbered script's cap
+    verdict_reason_tokens: int = setting(64, low=0)  # decoded free-text caps (sampled mode)
+    verdict_error_type_tokens: int = setting(8, low=0)
+    verdict_feedback_tokens: int = setting(96, low=0)
+    verdict_temperature: float = setting(0.7, above=0)  # sampled mode (top-k 20, top-p 0.8)
 
 
 @section
@@ -274,10 +295,28 @@ class AutoResearchConfig(RunConfig):
                 f"'features' scores single scripts; env.turns={self.env.turns} needs the neural "
                 "WM, which also predicts each turn's observation",
             )
+        self._check_verdict_wm()
         if self.wm.policy_samples_per_task and self.env.turns > 1:
             raise ConfigError(
                 "wm.policy_samples_per_task",
                 f"policy samples are single-turn scripts; with env.turns={self.env.turns} use 0",
+            )
+
+    def _check_verdict_wm(self) -> None:
+        """The verdict WM: frozen and single-turn for now, so far as it is built."""
+        if self.wm.kind != "verdict":
+            return
+        if self.wm.verdict_train != "frozen":
+            raise ConfigError(
+                "wm.verdict_train",
+                f"{self.wm.verdict_train!r}: fine-tuning the verdict WM on verdicts written "
+                "from real outcomes is not built yet; use 'frozen'",
+            )
+        if self.env.turns > 1:
+            raise ConfigError(
+                "wm.kind",
+                f"'verdict' is single-turn so far (env.turns={self.env.turns}): its env_feedback "
+                "as a WM-scored turn's observation is not built; use env.turns=1",
             )
 
     def _check_turns(self) -> None:
@@ -412,6 +451,12 @@ HISTORY = ConfigHistory(
         "correction.debias": "monotone",
         "wm.seed": -1, "wm.pretrain_eval_every": 0, "wm.pretrain_patience": 5,
         "wm.kind": "neural", "correction.cheap_limit_s": 0.0, "correction.cheap_quantile": 0.0,
+        "wm.verdict_from": "warm_start", "wm.verdict_train": "frozen",
+        "wm.verdict_score": "expected", "wm.verdict_prompt_len": 2048,
+        "wm.verdict_overview_chars": 4000, "wm.verdict_inventory_chars": 2000,
+        "wm.verdict_script_chars": 8000, "wm.verdict_reason_tokens": 64,
+        "wm.verdict_error_type_tokens": 8, "wm.verdict_feedback_tokens": 96,
+        "wm.verdict_temperature": 0.7,
     },
     resolve=_resolved,
     resumable=(

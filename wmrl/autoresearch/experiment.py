@@ -188,7 +188,8 @@ class Stages:
     wm_report: dict
     seconds: float
     policy_samples_report: dict | None = None  # None: wm.policy_samples_per_task = 0
-    # wm.kind = "features": the script-feature scorer the trainer uses as its WM
+    # wm.kind = "features" / "verdict": the host-side scorer the trainer uses as its WM
+    # (`FeatureWM`, `VerdictWM`)
     feature_wm: object | None = None
 
 
@@ -224,6 +225,12 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
 
         feature_wm = FeatureWM(config, prepared, samples)
         wm_params, wm_report = wm.state.params, feature_wm.report()  # no neural pretraining
+    elif config.wm.kind == "verdict":  # the policy's own backbone, frozen, as the WM
+        from wmrl.autoresearch.verdict_wm import VerdictWM
+
+        lm = policy_params if config.wm.verdict_from == "warm_start" else policy.state.params
+        feature_wm = VerdictWM(config, prepared, lm, vocab)
+        wm_params, wm_report = wm.state.params, feature_wm.report()
     else:
         wm_params, wm_report = wm_pretraining.pretrain_wm(
             config, prepared, wm, inits / "wm_pretrain", progress, samples=samples

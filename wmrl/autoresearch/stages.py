@@ -58,9 +58,9 @@ POLICY_SAMPLES_KEY = 17  # folded into jax.random.key(seed): the policy samples'
 def active_stages(config) -> tuple[str, ...]:
     """The stages before RL this config runs (the policy samples only with
     `wm.policy_samples_per_task` > 0; no neural pretraining for `wm.kind = "features"`,
-    whose scorer is fitted when RL starts)."""
+    whose scorer is fitted when RL starts, nor for `"verdict"`, the policy's own backbone)."""
     skip = () if config.wm.policy_samples_per_task > 0 else (POLICY_SAMPLES,)
-    if config.wm.kind == "features":
+    if config.wm.kind in ("features", "verdict"):
         skip = (*skip, "wm_pretrain")
     return tuple(s for s in STAGE_FIELDS if s not in skip)
 

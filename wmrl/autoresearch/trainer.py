@@ -96,12 +96,13 @@ class Trainer:
     ):
         self.config = config  # for the model and data helpers; the step reads `self.tc`
         # wm.kind = "features": the script-feature scorer (`wmrl.autoresearch.feature_wm`)
-        # scores the rows and is refitted on the replay of real outcomes; the neural WM is
-        # then neither called nor trained.
-        if (config.wm.kind == "features") != (feature_wm is not None):
+        # scores the rows and is refitted on the replay of real outcomes; "verdict": the
+        # policy's frozen backbone (`wmrl.autoresearch.verdict_wm`), the same interface. The
+        # neural WM is then neither called nor trained.
+        if (config.wm.kind != "neural") != (feature_wm is not None):
             raise ValueError(
                 f"wm.kind={config.wm.kind!r} needs "
-                + ("a FeatureWM (feature_wm=)" if feature_wm is None else "feature_wm=None")
+                + ("a host scorer (feature_wm=)" if feature_wm is None else "feature_wm=None")
             )
         self.feature_wm = feature_wm
         self.tc = tc = rlconfig.trainer_config(config)
