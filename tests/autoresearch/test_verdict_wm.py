@@ -14,7 +14,7 @@ from tests.autoresearch.test_verdict_decoding import CORPUS, _model
 from wmrl.autoresearch import verdict as v
 from wmrl.autoresearch import verdict_decoding as vd
 from wmrl.autoresearch import verdict_wm as vw
-from wmrl.models.transformer import token_logprobs
+from wmrl.models.transformer import Transformer, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +95,86 @@ def test_sampled_score_reads_the_top_prediction_and_weights_the_hedge():
     assert var == pytest.approx(0.75 * (0.875 - 0.68125) ** 2 + 0.25 * (0.1 - 0.68125) ** 2)
     assert vw.sampled_score(None, True) == (0.1, 0.0)  # a verdict that does not parse
     assert vw.sampled_score(v.Verdict("", (top, hedge)), False) == (0.0, 0.0)  # compile gate
+
+
+def _tiny_verdict_wm(tok, tmp_path, score="expected"):
+    from types import SimpleNamespace
+
+    from tests.support.autoresearch_fixtures import make_tiny_task
+    from tests.support.rl_fixtures import TINY, load_config, set_fields
+    from wmrl.autoresearch.model_setup import policy_config
+
+    config = set_fields(load_config(), TINY, "", "", {
+        "wm__kind": "verdict", "wm__verdict_score": score, "wm__verdict_prompt_len": 2048,
+        "wm__verdict_overview_chars": 200, "wm__verdict_inventory_chars": 200,
+        "wm__verdict_script_chars": 300, "wm__verdict_reason_tokens": 3,
+        "wm__verdict_error_type_tokens": 2, "wm__verdict_feedback_tokens": 3,
+    })  # fmt: skip
+    task = make_tiny_task(tmp_path / "tiny-task")
+    prepared = SimpleNamespace(tokenizer=tok, train_tasks=[task], heldout_tasks=[],
+                               executions=[])  # fmt: skip
+    cfg = policy_config(config, tok.vocab_size)
+    params = nnx.to_pure_dict(nnx.state(Transformer(cfg, rngs=nnx.Rngs(1))))
+    return vw.VerdictWM(config, prepared, params, tok.vocab_size), task
+
+
+@pytest.fixture(scope="module")
+def prompt_tok(tmp_path_factory):
+    """A tokenizer that has seen the prompt's instructions (a short prompt for the test)."""
+    from tests.support.autoresearch_fixtures import GOOD_SCRIPT
+    from wmrl.tokenizer import Tokenizer
+
+    docs = [*CORPUS, v.INSTRUCTIONS, v.environment_section(3.0), GOOD_SCRIPT]
+    return Tokenizer.train(docs * 30, tmp_path_factory.mktemp("sp") / "tok", vocab_size=1200,
+                           code_pieces=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("score", ["expected", "sampled"])
+def test_the_verdict_wm_predicts_in_chunks_as_at_once(prompt_tok, tmp_path, score):
+    """Five rows (one that does not compile) scored at once and in chunks of two (the last
+    padded): expected scores, variances and top outcomes the same; the same batch scored
+    again the same (sampled too); the compile gate gives 0 and 0; an expected score is its
+    distribution's mean, a sampled one its top outcome's reward."""
+    from tests.support.autoresearch_fixtures import GOOD_SCRIPT
+
+    wm, task = _tiny_verdict_wm(prompt_tok, tmp_path, score)
+    scripts = [GOOD_SCRIPT, "def f(:\n", GOOD_SCRIPT.replace("label", "colour"), "print(1)\n",
+               GOOD_SCRIPT[:80]]  # fmt: skip
+    tasks = [task] * len(scripts)
+    whole = wm.predict(scripts, tasks)
+    chunks = wm.predict_in_chunks(scripts, tasks, 2)
+    assert set(whole) == set(chunks)
+    # A sampled verdict is one draw of the batch it is in (a pure function of its rows):
+    # chunks draw other verdicts; only the teacher-forced scores are the rows' own.
+    for k in whole if score == "expected" else ():
+        np.testing.assert_allclose(chunks[k], whole[k], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(wm.predict(scripts, tasks)["score"], whole["score"])
+    assert whole["score"][1] == 0.0 and whole["predictive_var"][1] == 0.0
+    gate = np.array([v.compiles(x) for x in scripts])
+    if score == "expected":
+        p = whole["outcome_probs"].astype(np.float64)
+        np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-5)
+        np.testing.assert_allclose(whole["score"], np.where(gate, p @ vw.OUTCOME_REWARDS, 0),
+                                   rtol=1e-5)  # fmt: skip
+        np.testing.assert_array_equal(whole["top_outcome"], p.argmax(axis=1))
+    else:
+        top = [vw.OUTCOME_REWARDS[i] for i in whole["top_outcome"]]
+        np.testing.assert_allclose(whole["score"], np.where(gate, top, 0.0), rtol=1e-6)
+
+
+def test_fidelity_counts_status_and_bucket_hits_by_hand():
+    from wmrl.autoresearch.env.grader import Status
+
+    idx = {o: i for i, o in enumerate(v.OUTCOMES)}
+    records = [
+        {"status": int(Status.VALID), "reward": 0.5 + 0.5 * 0.4, "script": "x = 1\n"},  # mid
+        {"status": int(Status.VALID), "reward": 0.5 + 0.5 * 0.9, "script": "x = 1\n"},  # high
+        {"status": int(Status.TIMEOUT), "reward": 0.1, "script": "x = 1\n"},
+        {"status": int(Status.NO_SUBMISSION), "reward": 0.2, "script": "x = 1\n"},
+        {"status": int(Status.UNGRADED), "reward": None, "script": "x = 1\n"},  # not counted
+    ]
+    top = [idx["valid", "mid"], idx["valid", "low"], idx["runtime_err", ""],
+           idx["valid", "high"], idx["valid", "high"]]  # fmt: skip
+    got = vw.fidelity(np.array(top), records)
+    assert got == {"status_accuracy": 0.75, "bucket_accuracy": 0.5}
+    assert vw.top_outcome(None) == idx["runtime_err", ""]

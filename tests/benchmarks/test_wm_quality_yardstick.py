@@ -68,3 +68,33 @@ def test_figures_of_a_scorer_with_and_without_the_static_check():
     # The static check alone: flat 0.5 elsewhere, so its learned rows say nothing (0).
     alone = wq.yardstick_figures(wq.scored(pairs, np.full(4, 0.5)))
     assert alone["learned_spearman"] == 0.0 and alone["timeout_brier"] is None
+
+
+def test_the_verdict_scorer_on_the_yardstick(tmp_path, monkeypatch):
+    """`--verdict=expected`: the frozen verdict WM's scores of the yardstick scripts give
+    the anchor figures of those scores and the fidelity figures of its top outcomes."""
+    from tests.autoresearch.test_verdict_wm import _tiny_verdict_wm
+    from tests.support.autoresearch_fixtures import GOOD_SCRIPT
+    from wmrl.autoresearch import verdict as v
+    from wmrl.autoresearch import verdict_wm as vw
+    from wmrl.tokenizer import Tokenizer
+
+    tok = Tokenizer.train([GOOD_SCRIPT, v.INSTRUCTIONS, v.environment_section(3.0)] * 30,
+                          tmp_path / "tok", vocab_size=1000, code_pieces=True)  # fmt: skip
+    wm, task = _tiny_verdict_wm(tok, tmp_path)
+    prepared = SimpleNamespace(tokenizer=tok, train_tasks=[task], heldout_tasks=[], executions=[])
+    params = wm.params
+    monkeypatch.setattr(wq, "warm_started", lambda c, p, d: (None, params))
+    scripts = [GOOD_SCRIPT, "def f(:\n", GOOD_SCRIPT, "print(1)\n"]
+    statuses = [(V, 0.8), (0, 0.0), (V, 0.6), (int(Status.NO_SUBMISSION), 0.2)]
+    yard = [record(task.id, i, st, r, sc) for i, ((st, r), sc) in
+            enumerate(zip(statuses, scripts, strict=True))]  # fmt: skip
+    pairs = [pair(1 + i // 2, st, r) for i, (st, r) in enumerate(statuses)]
+    config = wm.config
+    got = wq.verdict_figures(config, prepared, tmp_path, yard, pairs, "expected")
+    want = wm.predict(scripts, [task] * 4)
+    assert got == pytest.approx({
+        **wq.yardstick_figures(wq.scored(pairs, want["score"])),
+        **vw.fidelity(want["top_outcome"], yard), "score_s": got["score_s"],
+    })  # fmt: skip
+    assert got["status_accuracy"] is not None

@@ -209,27 +209,40 @@ class VerdictWM:
         """Frozen: the replay of real outcomes changes nothing."""
 
     def predict(self, scripts: list[str], tasks: list) -> dict:
-        """`score` (the WM score) and `predictive_var` `[n]`; in `expected` mode also
-        `outcome_probs` `[n, C]` over `verdict.OUTCOMES`."""
+        """`score` (the WM score), `predictive_var` and `top_outcome` (the index in
+        `verdict.OUTCOMES` of the most likely or the sampled top outcome) `[n]`; in `expected`
+        mode also `outcome_probs` `[n, C]` over `verdict.OUTCOMES`."""
         gate = np.array([v.compiles(s) for s in scripts])
         if self.mode == "expected":
             probs, mean, var = outcome_distribution(self.outcome_logprobs(scripts, tasks))
-            out = {"outcome_probs": probs.astype(np.float32)}
+            out = {"outcome_probs": probs.astype(np.float32),
+                   "top_outcome": np.argmax(probs, axis=1).astype(np.int32)}  # fmt: skip
         else:
-            texts = self.sample_verdicts(scripts, tasks)
-            pairs = [sampled_score(v.parse_verdict(t), g) for t, g in zip(texts, gate, strict=True)]
+            verdicts = [v.parse_verdict(t) for t in self.sample_verdicts(scripts, tasks)]
+            pairs = [sampled_score(x, g) for x, g in zip(verdicts, gate, strict=True)]
             mean, var = np.array(pairs).T
-            out = {}
+            out = {"top_outcome": np.array([top_outcome(x) for x in verdicts], np.int32)}
         return {**out, "score": np.where(gate, mean, 0.0).astype(np.float32),
                 "predictive_var": np.where(gate, var, 0.0).astype(np.float32)}  # fmt: skip
+
+    def predict_in_chunks(self, scripts: list[str], tasks: list, rows: int) -> dict:
+        """`predict` over chunks of `rows` rows (the last padded with its own last row, so
+        every call has one shape and compiles once): a yardstick of any size in bounded
+        memory."""
+        parts = []
+        for i in range(0, len(scripts), rows):
+            s, t = scripts[i : i + rows], tasks[i : i + rows]
+            n = len(s)
+            got = self.predict(s + s[-1:] * (rows - n), t + t[-1:] * (rows - n))
+            parts.append({k: a[:n] for k, a in got.items()})
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     # -- report --------------------------------------------------------------------------
 
     def report(self) -> dict:
         """What the summary reports of a WM before RL: the setting and, on the held-out tasks'
         executed corpus, the within-task Spearman and RMSE of the score and the reference's
-        fidelity figures (status and bucket accuracy of the most likely outcome, expected
-        mode)."""
+        fidelity figures (status and bucket accuracy of the top outcome)."""
         from wmrl.autoresearch.anchor_metrics import spearman
         from wmrl.autoresearch.wm_metrics import within_task_spearman
 
@@ -244,8 +257,7 @@ class VerdictWM:
             rmse = float(np.sqrt(np.mean((s - y) ** 2)))
             held.update(within_task_spearman=within_task_spearman(s, y, group),
                         spearman=spearman(s, y), rmse=rmse)  # fmt: skip
-            if "outcome_probs" in got:
-                held.update(fidelity(got["outcome_probs"], self.heldout))
+            held.update(fidelity(got["top_outcome"], self.heldout))
         return {
             "kind": "verdict", "train": "frozen", "score": self.mode,
             "from": self.config.wm.verdict_from, "prompt_len": self.prompt_len,
@@ -254,15 +266,23 @@ class VerdictWM:
         }  # fmt: skip
 
 
-def fidelity(probs: np.ndarray, records: list[dict]) -> dict:
-    """The reference's fidelity figures of the most likely outcome against each record's
-    real outcome (`verdict.real_verdict`): status accuracy over graded records, bucket
-    accuracy over the real VALID ones."""
+def top_outcome(verdict: v.Verdict | None) -> int:
+    """The index in `verdict.OUTCOMES` of a verdict's top prediction (a verdict that does not
+    parse counts as runtime_err, as its reward does)."""
+    if verdict is None:
+        return v.OUTCOMES.index((v.PARSE_FAILURE_STATUS, ""))
+    return v.OUTCOMES.index((verdict.top.status, verdict.top.quality_bucket))
+
+
+def fidelity(top: np.ndarray, records: list[dict]) -> dict:
+    """The reference's fidelity figures of the top outcomes (`[n]` indices into
+    `verdict.OUTCOMES`) against each record's real outcome (`verdict.real_verdict`): status
+    accuracy over graded records, bucket accuracy over the real VALID ones."""
     from wmrl.autoresearch.env.grader import Status
 
-    top = [v.OUTCOMES[i] for i in np.argmax(probs, axis=1)]
     status_hits, bucket_hits = [], []
-    for (status, bucket), r in zip(top, records, strict=True):
+    for i, r in zip(top, records, strict=True):
+        status, bucket = v.OUTCOMES[int(i)]
         real = v.real_verdict(Status(r["status"]), r.get("reward"), r.get("script"))
         if real is None:
             continue

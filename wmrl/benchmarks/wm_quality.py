@@ -51,6 +51,12 @@ execution keys (how deterministic the reward is: the ceiling of any scorer).
 
     python -m wmrl.benchmarks.wm_quality --workdir=DIR --policy_samples=8 --eval_samples=8 \
         --variants=default,long,converged --wm_seeds=0,1,2 --repeats=3 --out=FILE.json
+
+With a yardstick, `--verdict=expected,sampled` adds the verdict WM (`wm.kind = "verdict"`,
+frozen, the warm-started policy's backbone; `wm.verdict_*` from `--config`) as the scorers
+`verdict_expected` / `verdict_sampled`, each with the reference's fidelity figures beside the
+anchor figures: the status accuracy of its top outcome and its bucket accuracy on the real
+VALID scripts.
 """
 
 from __future__ import annotations
@@ -106,7 +112,8 @@ def _define_flags() -> None:
         _EVAL_SAMPLES, \
         _FIT_ONLY, \
         _WM_SEEDS, \
-        _REPEATS
+        _REPEATS, \
+        _VERDICT
     _CONFIG = config_flags.DEFINE_config_file("config", "configs/autoresearch_tiny.py")
     _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (one sub-folder per variant).")
     _DATA_DIR = flags.DEFINE_string("data_dir", "", "Shared data stage ('' = <workdir>/data).")
@@ -128,6 +135,9 @@ def _define_flags() -> None:
     _WM_SEEDS = flags.DEFINE_list("wm_seeds", [], "WM init seeds (wm.seed); [] = the config's.")
     _REPEATS = flags.DEFINE_integer(
         "repeats", 1, "R > 1: execute the yardstick R - 1 more times (determinism of the reward)."
+    )
+    _VERDICT = flags.DEFINE_list(
+        "verdict", [], "With --eval_samples: the verdict WM's scores, of expected,sampled."
     )
 
 
@@ -244,6 +254,27 @@ def ridge_figures(config, prepared, fit_records: list[dict], yard: list[dict], p
     mean, _ = scorer.predict(feature_rows(config, prepared, yard, capped=True))
     return {**yardstick_figures(scored(pairs, mean)), "fit_rows": len(rows),
             "penalty": scorer.penalty, "fit_s": time.monotonic() - t0}  # fmt: skip
+
+
+VERDICT_ROWS = 8  # rows per verdict call on the yardstick (one compiled shape)
+
+
+def verdict_figures(config, prepared, warm_dir: Path, yard: list[dict], pairs, score: str):
+    """The frozen verdict WM (`wm.verdict_score = score`) on the yardstick records `yard`
+    (graded, in pairs' order): the anchor figures of its score and the fidelity figures of
+    its top outcome."""
+    from wmrl.autoresearch.verdict_wm import VerdictWM, fidelity
+
+    c = variant_config(config, {"wm.kind": "verdict", "wm.verdict_score": score})
+    policy, params = warm_started(c, prepared, warm_dir)
+    lm = params if c.wm.verdict_from == "warm_start" else policy.state.params
+    t0 = time.monotonic()
+    wm = VerdictWM(c, prepared, lm, model_setup.vocab_size(c, prepared.tokenizer))
+    tasks = {t.id: t for t in prepared.train_tasks + prepared.heldout_tasks}
+    got = wm.predict_in_chunks([r["script"] for r in yard],
+                               [tasks[r["task_id"]] for r in yard], VERDICT_ROWS)  # fmt: skip
+    return {**yardstick_figures(scored(pairs, got["score"])), **fidelity(got["top_outcome"], yard),
+            "score_s": time.monotonic() - t0}  # fmt: skip
 
 
 def repeat_figures(config, prepared, records: list[dict], pairs, out_dir: Path, repeats: int):
@@ -374,6 +405,10 @@ def main(argv):
     unknown = sorted(set(_VARIANTS.value) - set(VARIANTS))
     if unknown:
         raise app.UsageError(f"--variants: unknown {unknown}; one of {sorted(VARIANTS)}")
+    if sorted(set(_VERDICT.value) - {"expected", "sampled"}):
+        raise app.UsageError(f"--verdict: {_VERDICT.value}; of expected, sampled")
+    if _VERDICT.value and _EVAL_SAMPLES.value <= 0:
+        raise app.UsageError("--verdict needs the yardstick (--eval_samples > 0)")
     from wmrl.autoresearch.experiment import quiet_orbax
 
     quiet_orbax()
@@ -408,6 +443,10 @@ def main(argv):
             every = config.wm.policy_validation_every  # the fit part, as the WM's
             fit = [r for r in samples if every == 0 or r["index"] % every != every - 1]
             out["scorers"]["ridge+fit"] = ridge_figures(config, prepared, fit, graded, yard[1])
+        for score in _VERDICT.value:
+            out["scorers"][f"verdict_{score}"] = verdict_figures(
+                config, prepared, warm_dir, graded, yard[1], score
+            )
         if _REPEATS.value > 1:
             repeats_dir = workdir / f"eval{m}" / "repeats"
             out["repeats"] = repeat_figures(
@@ -448,7 +487,8 @@ def main(argv):
 
 
 YARD_COLS = ("stream_spearman", "raw_spearman", "learned_spearman", "failure_auc",
-             "valid_spearman", "timeout_brier", "timeout_auc")  # fmt: skip
+             "valid_spearman", "timeout_brier", "timeout_auc", "status_accuracy",
+             "bucket_accuracy")  # fmt: skip
 
 
 def _interval(values) -> str:
@@ -490,7 +530,8 @@ def print_tables(results: dict, out: dict, k: int) -> None:
         if "yardstick" in rs[0]:
             table[name] = [r["yardstick"] for r in rs]
     for name, fs in table.items():
-        print(f"| {name} | " + " | ".join(_interval([f[c] for f in fs]) for c in YARD_COLS) + " |")
+        cells = (_interval([f.get(c) for f in fs]) for c in YARD_COLS)
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
