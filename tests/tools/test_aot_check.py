@@ -70,3 +70,15 @@ def test_4b_config_on_32_fake_devices():
 @pytest.mark.slow
 def test_4b_config_on_8_fake_devices():
     _check_4b("1,4,2", 8)
+
+
+def test_qwen3_4b_with_the_verdict_wm_on_32_fake_devices():
+    """configs/qwen3_4b.py with `wm.kind=verdict`: the policy step and the verdict WM's
+    teacher-forced scoring of the step's 64 rows (2048 prompt tokens, the 8 outcomes) both
+    compile on the 2,8,2 mesh; the scorer's arguments are the policy's parameters, sharded
+    as the policy's (fp32 master weights over fsdp x tensor = 16)."""
+    out = _run("--config=configs/qwen3_4b.py", "--mesh=2,8,2", "--config.wm.kind=verdict")
+    assert "(32 devices)" in out and "64 rows x 2048 prompt tokens" in out
+    params = _field(out, "per-device params")
+    assert abs(_field(out, "verdict argument_size") - params) < 0.01 * params + 0.01
+    assert 0 < _field(out, "verdict temp_size") < 40  # GiB per device

@@ -94,3 +94,46 @@ def aot_policy_step(
     ):
         report[field] = int(getattr(mem, field, -1)) if mem is not None else -1
     return report
+
+
+# The verdict scorer's completion width for the AOT check (no tokenizer there): the
+# teacher-forced path of one outcome is ~25 tokens with Qwen3's tokenizer, ~40 with a small
+# SentencePiece one.
+VERDICT_COMPLETION_TOKENS = 48
+
+
+def aot_verdict_scorer(
+    cfg: TransformerConfig, mesh: jax.sharding.Mesh, rows: int, prompt_len: int,
+    num_outcomes: int, completion_len: int = VERDICT_COMPLETION_TOKENS,
+) -> dict:  # fmt: skip
+    """Lower and compile the verdict WM's teacher-forced scoring
+    (`wmrl.autoresearch.verdict_wm.outcome_logprobs`) of `rows` prompts of `prompt_len`
+    tokens against `num_outcomes` completions, with the policy's parameter shardings and
+    the rows on the batch axes; return the compiled memory analysis and timings."""
+    from wmrl.autoresearch.verdict_wm import outcome_logprobs
+    from wmrl.models.sharding import batch_sharding
+
+    graphdef, abstract_state = abstract_model(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    params = nnx.to_pure_dict(abstract_state)
+    shardings = state_shardings(abstract_state, optax.identity(), mesh).params
+    params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings
+    )
+    rows_spec = lambda dtype: jax.ShapeDtypeStruct(
+        (rows, prompt_len), dtype, sharding=batch_sharding(mesh, 2)
+    )
+    comp = jax.ShapeDtypeStruct((num_outcomes, completion_len), jnp.int32)
+    comp_mask = jax.ShapeDtypeStruct((num_outcomes, completion_len), jnp.bool_)
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+        lowered = outcome_logprobs.lower(
+            graphdef, params, rows_spec(jnp.int32), rows_spec(jnp.bool_), comp, comp_mask
+        )
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    mem = compiled.memory_analysis()
+    report = {"lower_s": t1 - t0, "compile_s": t2 - t1, "rows": rows, "prompt_len": prompt_len}
+    for field in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes"):
+        report[field] = int(getattr(mem, field, -1)) if mem is not None else -1
+    return report

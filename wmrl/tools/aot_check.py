@@ -2,6 +2,12 @@
 
   python -m wmrl.tools.aot_check --config=configs/model_4b.py --mesh=1,4,2
   python -m wmrl.tools.aot_check --config=configs/model_4b.py --mesh=2,8,2
+  python -m wmrl.tools.aot_check --config=configs/qwen3_4b.py --mesh=2,8,2 \
+      --config.wm.kind=verdict
+
+With a WMRL config whose `wm.kind` is `verdict`, the verdict WM's teacher-forced scoring of
+the step's rows (`wm.verdict_prompt_len` prompt tokens each, the policy's parameters and
+shardings) is compiled too.
 
 `--mesh` is `data,fsdp,tensor` (missing trailing axes are 1). The fake CPU
 device count is set from the mesh size *before* jax is imported, which is why
@@ -94,6 +100,18 @@ def main() -> None:
         for k in ("argument", "output", "alias", "temp", "generated_code"):
             rows.append((f"compiled {k}_size", size(r[k + "_size_in_bytes"])))
         rows.append(("lower / compile", f"{r['lower_s']:.1f} s / {r['compile_s']:.1f} s"))
+        if "wm" in config and config.wm.get("kind") == "verdict":  # its scorer, the same LM
+            from wmrl.autoresearch.verdict import OUTCOMES
+            from wmrl.tools.aot import aot_verdict_scorer
+
+            prompt = config.wm.verdict_prompt_len
+            v = aot_verdict_scorer(cfg, mesh, FLAGS.batch_size or batch, prompt, len(OUTCOMES))
+            rows.append(("verdict scorer", f"{v['rows']} rows x {prompt} prompt tokens"))
+            for k in ("argument", "output", "temp"):
+                rows.append((f"verdict {k}_size", size(v[k + "_size_in_bytes"])))
+            rows.append(
+                ("verdict lower / compile", f"{v['lower_s']:.1f} s / {v['compile_s']:.1f} s")
+            )
         for name, value in rows:
             print(f"{name:<30} {value}")
 
