@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wmrl import distributed
 from wmrl.autoresearch import data as rldata
 from wmrl.autoresearch import pretrained
 from wmrl.autoresearch import verdict as v
@@ -192,7 +193,7 @@ class VerdictWM:
             self.graphdef, self.params, jnp.asarray(ids), jnp.asarray(mask),
             jnp.asarray(self.completions), jnp.asarray(self.completion_mask),
         )  # fmt: skip
-        return np.asarray(jax.device_get(out))
+        return distributed.process_allgather_to_numpy(out)
 
     def sample_verdicts(self, scripts, tasks) -> list[str]:
         """One verdict's text per row, decoded under the schema; the key is a pure function
@@ -202,7 +203,7 @@ class VerdictWM:
         key = jax.random.fold_in(jax.random.key(self.seed), digest & 0x7FFFFFFF)
         out = generate(self.graphdef, self.params, jnp.asarray(ids), jnp.asarray(mask), key,
                        self.sc, self.max_len, constraint=self.program.program)  # fmt: skip
-        toks, m = np.asarray(jax.device_get(out.tokens)), np.asarray(jax.device_get(out.mask))
+        toks, m = distributed.process_allgather_to_numpy((out.tokens, out.mask))
         return [self.tok.decode(toks[i][m[i]]) for i in range(len(toks))]
 
     def fit_to(self, replay) -> None:
