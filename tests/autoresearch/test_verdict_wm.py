@@ -178,3 +178,28 @@ def test_fidelity_counts_status_and_bucket_hits_by_hand():
     got = vw.fidelity(np.array(top), records)
     assert got == {"status_accuracy": 0.75, "bucket_accuracy": 0.5}
     assert vw.top_outcome(None) == idx["runtime_err", ""]
+
+
+def test_fine_tuning_rows_hold_the_verdict_a_real_outcome_deserves(prompt_tok, tmp_path):
+    """`target_rows`: the prompt left-padded, then the real outcome's one-prediction verdict
+    (confidence 0.9) and EOS, the loss on those tokens only; an ungraded row is left out."""
+    from tests.support.autoresearch_fixtures import GOOD_SCRIPT
+    from wmrl.autoresearch.env.grader import Status
+
+    wm, task = _tiny_verdict_wm(prompt_tok, tmp_path)
+    cases = [(Status.VALID, 0.5 + 0.5 * 0.7, "high"), (Status.TIMEOUT, 0.1, ""),
+             (Status.UNGRADED, None, None), (Status.MALFORMED, 0.0, "")]  # fmt: skip
+    scripts = [GOOD_SCRIPT, GOOD_SCRIPT, GOOD_SCRIPT, "def f(:\n"]
+    rows = wm.target_rows(scripts, [task] * 4, [c[0] for c in cases], [c[1] for c in cases])
+    assert len(rows["tokens"]) == 3
+    P = wm.prompt_len
+    want = ["valid", "runtime_err", "syntax_err"]
+    for i, (status, bucket) in enumerate(zip(want, ["high", "", ""], strict=True)):
+        loss = rows["loss_mask"][i].astype(bool)
+        assert not loss[:P].any() and loss[P:].sum() > 0
+        target = rows["tokens"][i][loss]
+        assert target[-1] == prompt_tok.eos_id
+        pred = v.Prediction(status, "", 0, bucket, "", 0.9)
+        assert prompt_tok.decode(target) == v.Verdict("", (pred,)).to_json()
+        np.testing.assert_array_equal(rows["input_mask"][i][P:], loss[P:])
+        assert rows["input_mask"][i][P - 1]  # the prompt ends where the verdict starts

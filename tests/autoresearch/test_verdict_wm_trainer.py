@@ -23,9 +23,15 @@ def test_the_verdict_wm_config_is_checked():
     validate_autoresearch_config(c)
     assert "wm_pretrain" not in active_stages(c)  # no neural pretraining
     c.wm.verdict_train = "finetune"
-    with pytest.raises(ConfigError, match=r"wm\.verdict_train.*not built yet"):
+    validate_autoresearch_config(c)
+    c.wm.verdict_train = "online"
+    with pytest.raises(ConfigError, match=r"wm\.verdict_train"):
         validate_autoresearch_config(c)
     c.wm.verdict_train = "frozen"
+    c.wm.verdict_finetune_steps = -1
+    with pytest.raises(ConfigError, match=r"wm\.verdict_finetune_steps"):
+        validate_autoresearch_config(c)
+    c.wm.verdict_finetune_steps = 0
     c.wm.verdict_score = "argmax"
     with pytest.raises(ConfigError, match=r"wm\.verdict_score"):
         validate_autoresearch_config(c)
@@ -116,3 +122,51 @@ def test_a_sampled_verdict_run_writes_its_summary(rl_shared, tmp_path):
     assert pairs
     ladder = {round(v.outcome_reward(a, b), 6) for a, b in v.OUTCOMES}
     assert all(round(p["r_wm"], 6) in ladder for p in pairs)
+
+
+@pytest.mark.real  # the sandbox and the tiny pipeline's stages
+def test_the_fine_tuned_verdict_wm_learns_before_rl_and_online(rl_shared, tmp_path):
+    """`wm.verdict_train = "finetune"`: 3 SFT steps before RL on the corpus's verdicts move
+    the LM off the warm start, and RL's WM state is that LM (the step scores with it); step 2
+    trains it online on step 1's anchors (one SFT step on their verdicts), and step 3 scores
+    with the result."""
+    data_dir, init_dir = rl_shared
+    config = tiny_config(data_dir, init_dir, mode="wmrl", rl__anchor_lag=1,
+                         wm__verdict_train="finetune", wm__verdict_finetune_steps=3,
+                         **VERDICT)  # fmt: skip
+    s, pool, trainer = _trainer(config, tmp_path)
+    vwm = trainer.feature_wm
+    ft = s.wm_report["finetune"]
+    assert s.wm_report["train"] == "finetune" and ft["steps"] == 3 and ft["rows"] > 0
+    assert np.isfinite(ft["nll_first"]) and np.isfinite(ft["nll_last"])
+    leaves = lambda tree: [np.asarray(x) for x in jax.tree.leaves(tree)]
+    tuned = leaves(s.wm_params)
+    assert any(not np.array_equal(a, b) for a, b in zip(tuned, leaves(s.policy_params),
+                                                        strict=True))  # fmt: skip
+    P = config.data.max_prompt_len
+    try:
+        st = trainer.initial_state(s.policy_params, s.wm_params)
+        for a, b in zip(leaves(st.wm.params), tuned, strict=True):
+            np.testing.assert_array_equal(a, b)  # RL's WM state is the fine-tuned LM
+        st1, _, _ = trainer.run_step(st)
+        first = st1.pending.live()
+        scripts = trainer._decode(first.tokens[:, P:], first.input_mask[:, P:])
+        tasks = trainer._tasks_for_rows(0, first.rows)
+        np.testing.assert_allclose(first.r_wm, vwm.predict(scripts, tasks)["score"], atol=1e-6)
+        st2, _, pairs2 = trainer.run_step(st1)
+        online = leaves(st2.wm.params)
+        assert pairs2 and int(st2.replay.count) > 0
+        assert any(not np.array_equal(a, b) for a, b in zip(online, tuned, strict=True))
+        st3, _, _ = trainer.run_step(st2)
+    finally:
+        trainer.journal.close()
+        trainer.eval_journal.close()
+        pool.close()
+    vwm.use(st3.wm.params)
+    third = st3.pending.live()
+    s3 = trainer._decode(third.tokens[:, P:], third.input_mask[:, P:])
+    t3 = trainer._tasks_for_rows(2, third.rows)
+    assert len(s3) == len(t3) > 0
+    # Step 3 scored with step 2's online LM: its scores of those rows again.
+    vwm.use(jax.tree.unflatten(jax.tree.structure(st2.wm.params), online))
+    np.testing.assert_allclose(third.r_wm, vwm.predict(s3, t3)["score"], atol=1e-6)

@@ -200,9 +200,11 @@ class WMConfig(Section):
     # wm.kind = "verdict" (docs/world_model.md). Its LM: the warm-started policy's parameters
     # or those the warm start began from (a pretrained checkpoint's in the pod configs).
     verdict_from: str = setting("warm_start", choices=("warm_start", "checkpoint"))
-    # "frozen" (the reference's design); "finetune" (on verdicts written from real outcomes)
-    # is refused until it is built.
+    # "frozen" (the reference's design) or "finetune": trained on the verdicts real outcomes
+    # deserve, before RL for verdict_finetune_steps steps (wm.batch_size, wm.learning_rate) on
+    # the corpus and the policy samples, then online on the anchors (wm.online_steps).
     verdict_train: str = setting("frozen", choices=("frozen", "finetune"))
+    verdict_finetune_steps: int = setting(200, low=0)
     # "expected": the expected reward over the teacher-forced probabilities of every (status,
     # bucket) outcome, with their variance; "sampled": the reward of one decoded verdict's
     # top prediction (the reference's).
@@ -303,15 +305,9 @@ class AutoResearchConfig(RunConfig):
             )
 
     def _check_verdict_wm(self) -> None:
-        """The verdict WM: frozen and single-turn for now, so far as it is built."""
+        """The verdict WM: single-turn for now, so far as it is built."""
         if self.wm.kind != "verdict":
             return
-        if self.wm.verdict_train != "frozen":
-            raise ConfigError(
-                "wm.verdict_train",
-                f"{self.wm.verdict_train!r}: fine-tuning the verdict WM on verdicts written "
-                "from real outcomes is not built yet; use 'frozen'",
-            )
         if self.env.turns > 1:
             raise ConfigError(
                 "wm.kind",
@@ -456,7 +452,7 @@ HISTORY = ConfigHistory(
         "wm.verdict_overview_chars": 4000, "wm.verdict_inventory_chars": 2000,
         "wm.verdict_script_chars": 8000, "wm.verdict_reason_tokens": 64,
         "wm.verdict_error_type_tokens": 8, "wm.verdict_feedback_tokens": 96,
-        "wm.verdict_temperature": 0.7,
+        "wm.verdict_temperature": 0.7, "wm.verdict_finetune_steps": 200,
     },
     resolve=_resolved,
     resumable=(

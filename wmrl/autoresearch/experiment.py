@@ -230,7 +230,13 @@ def prepare_stages(config, workdir: str | os.PathLike, progress: bool = True) ->
 
         lm = policy_params if config.wm.verdict_from == "warm_start" else policy.state.params
         feature_wm = VerdictWM(config, prepared, lm, vocab)
-        wm_params, wm_report = wm.state.params, feature_wm.report()
+        wm_params = wm.state.params  # frozen: the neural WM's, neither called nor trained
+        if feature_wm.trains:  # fine-tuned before RL; RL's WM state is then the LM's
+            recs = [r for r in prepared.executions if r["split"] == "train"]
+            wm_params = feature_wm.finetune(recs + stages.policy_fit_records(config, samples or []),
+                                            mesh)  # fmt: skip
+            wm = feature_wm.lm_model(mesh, model_setup.adam(config.wm.online_learning_rate))
+        wm_report = feature_wm.report()
     else:
         wm_params, wm_report = wm_pretraining.pretrain_wm(
             config, prepared, wm, inits / "wm_pretrain", progress, samples=samples

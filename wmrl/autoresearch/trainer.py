@@ -233,6 +233,8 @@ class Trainer:
         if self.feature_wm is None:
             return self._wm_scores(st.wm.params, s.rows, s.row_tasks)
         self.feature_wm.fit_to(st.replay)
+        if getattr(self.feature_wm, "trains", False):  # a fine-tuned verdict LM: its state
+            self.feature_wm.use(st.wm.params)
         return self.feature_wm.predict(s.scripts, s.row_tasks)
 
     def _wm_scores(self, params, rows, tasks) -> dict:
@@ -506,6 +508,8 @@ class Trainer:
             )
             if self.feature_wm is None:  # the feature scorer refits on the replay instead
                 wm = self._wm_online(wm, replay, st.step)
+            elif getattr(self.feature_wm, "trains", False):  # the fine-tuned verdict LM
+                wm = self.feature_wm.online(self.wm, wm, replay, st.step)
         jax.block_until_ready((policy, wm))
         return Updated(policy, wm, replay, pmetrics)
 

@@ -31,6 +31,7 @@ AFTER_LINE = ', "quality_bucket": "'
 AFTER_BUCKET = '", "env_feedback": "'
 AFTER_FEEDBACK = '", "confidence": '
 BUCKET_OPTIONS = (*v.BUCKETS, "")  # the empty bucket last
+TARGET_CONFIDENCE = "0.9"  # a real outcome's verdict, in the decoder's confidence levels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,9 @@ class VerdictProgram:
     max_new_tokens: int  # the longest verdict the program can emit, EOS included
     prefix: tuple[int, ...]  # the verdict's head up to the first status, reason empty
     outcome_tokens: tuple[tuple[int, ...], ...]  # per verdict.OUTCOMES, after `prefix`
+    # per verdict.OUTCOMES: the whole one-prediction verdict (`prefix`, the outcome, an
+    # empty feedback, confidence TARGET_CONFIDENCE, no hedge) and EOS: a fine-tuning target
+    targets: tuple[tuple[int, ...], ...] = ()
 
 
 def token_texts(tok, vocab_size: int) -> list[str]:
@@ -130,4 +134,13 @@ def build_verdict_program(tok, vocab_size: int, caps: TokenCaps = TokenCaps()) -
                 "the tokenizer does not decode concatenated tokens to the concatenated text "
                 f"(got {tok.decode([*prefix, *path])!r}): the verdict schema cannot be forced"
             )
-    return VerdictProgram(b.build(), b.longest(), prefix, tuple(paths))
+    conf = ops[first + 8]["options"][CONFIDENCES.index(TARGET_CONFIDENCE)]
+    targets = []
+    for (status, bucket), path in zip(v.OUTCOMES, paths, strict=True):
+        target = (*prefix, *path, *ops[first + 7]["tokens"], *conf, *ops[more]["options"][0],
+                  tok.eos_id)  # fmt: skip
+        pred = v.Prediction(status, "", 0, bucket, "", float(TARGET_CONFIDENCE))
+        if tok.decode(target) != v.Verdict("", (pred,)).to_json():
+            raise ValueError(f"the verdict target of {status} decodes to {tok.decode(target)!r}")
+        targets.append(target)
+    return VerdictProgram(b.build(), b.longest(), prefix, tuple(paths), tuple(targets))

@@ -1,11 +1,16 @@
-"""The verdict world model in the trainer (`wm.kind = "verdict"`): the policy's own backbone,
-frozen, reads a simulator's prompt and gives a schema-bound verdict per script.
+"""The verdict world model in the trainer (`wm.kind = "verdict"`): the policy's own backbone
+reads a simulator's prompt and gives a schema-bound verdict per script.
 
 Its language model is the policy's transformer with the warm-started policy's parameters
 (`wm.verdict_from = "warm_start"`) or the ones the warm start began from, a pretrained
 checkpoint's in the pod configs (`"checkpoint"`). Frozen (`wm.verdict_train = "frozen"`, the
 reference's design), it is a pure function of those parameters: nothing to train, save or
-restore, and a resumed run scores exactly as the uninterrupted one.
+restore, and a resumed run scores exactly as the uninterrupted one. Fine-tuned
+(`"finetune"`), it learns the verdicts real outcomes deserve (`verdict.real_verdict`, as the
+teacher-forced path of their outcome): before RL on the executed corpus of the training tasks
+and the fit part of the policy samples (`finetune`), then online on the replay of the anchors'
+real outcomes (`online`, `wm.online_steps` per step); its train state is then the trainer's WM
+state, checkpointed with the run.
 
 Two scores (`wm.verdict_score`):
 
@@ -121,12 +126,6 @@ class VerdictWM:
 
     def __init__(self, config, prepared, params, vocab_size: int):
         w = config.wm
-        if w.verdict_train != "frozen":
-            raise ConfigError(
-                "wm.verdict_train",
-                f"{w.verdict_train!r}: fine-tuning the verdict WM on real outcomes is not "
-                "built yet; use 'frozen'",
-            )
         t0 = time.monotonic()
         self.config, self.tok, self.mode = config, prepared.tokenizer, w.verdict_score
         self.prompt_len, self.cap_s = int(w.verdict_prompt_len), config.suite.time_limit_s
@@ -153,6 +152,11 @@ class VerdictWM:
         self.heldout = [r for r in prepared.executions if r["split"] == "heldout"
                         and r.get("reward") is not None]  # fmt: skip
         self._tasks = {t.id: t for t in prepared.train_tasks + prepared.heldout_tasks}
+        self.cfg = cfg
+        self.trains = w.verdict_train == "finetune"  # the trainer's WM state is this LM's
+        self.finetune_report: dict | None = None
+        self.P = config.data.max_prompt_len  # the policy rows' prompt width (replay rows)
+        self._task_of_prompt: dict | None = None  # a replay row's prompt -> its task
         self.setup_s = time.monotonic() - t0
 
     # -- prompts -------------------------------------------------------------------------
@@ -207,7 +211,116 @@ class VerdictWM:
         return [self.tok.decode(toks[i][m[i]]) for i in range(len(toks))]
 
     def fit_to(self, replay) -> None:
-        """Frozen: the replay of real outcomes changes nothing."""
+        """The replay of real outcomes changes nothing here: a fine-tuned verdict LM learns
+        from it in `online`, and the trainer hands its parameters over with `use`."""
+
+    def use(self, params) -> None:
+        """Score with these parameters from now on (the fine-tuned LM's, as RL trains it)."""
+        self.params = params
+
+    # -- fine-tuning on verdicts written from real outcomes ------------------------------
+
+    def target_rows(self, scripts, tasks, statuses, rewards) -> dict | None:
+        """SFT rows `[n, prompt_len + T]`: the verdict prompt (left-padded), then the verdict
+        the real outcome deserves (`verdict.real_verdict`: its status and bucket, empty
+        reason, feedback and error type, line 0, the decoder's confidence 0.9) and EOS, the
+        loss on the verdict only. Ungraded rows are left out; None when none is left."""
+        keep = []
+        for script, task, status, reward in zip(scripts, tasks, statuses, rewards, strict=True):
+            real = v.real_verdict(status, reward, script)
+            if real is not None:
+                outcome = (real.top.status, real.top.quality_bucket)
+                keep.append((script, task, v.OUTCOMES.index(outcome)))
+        if not keep:
+            return None
+        ids, mask = self._rows([k[0] for k in keep], [k[1] for k in keep])
+        T = max(len(t) for t in self.program.targets)
+        n, P = len(keep), self.prompt_len
+        tokens = np.concatenate([ids, np.full((n, T), self.tok.pad_id, np.int32)], axis=1)
+        input_mask = np.concatenate([mask, np.zeros((n, T), bool)], axis=1)
+        for i, (_, _, c) in enumerate(keep):
+            target = self.program.targets[c]
+            tokens[i, P : P + len(target)], input_mask[i, P : P + len(target)] = target, True
+        loss_mask = input_mask.astype(np.float32)
+        loss_mask[:, :P] = 0.0
+        return {"tokens": tokens, "input_mask": input_mask, "loss_mask": loss_mask}
+
+    def lm_model(self, mesh, tx):
+        """The verdict LM as a trainable `Model` (its current parameters, optimiser `tx`)."""
+        from wmrl.autoresearch.model_setup import _from_params
+
+        cfg = self.cfg
+        return _from_params(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), self.params, tx, mesh)
+
+    def _sft(self, model, state, rows: dict, idx: np.ndarray):
+        from wmrl.autoresearch.model_setup import sft_step
+
+        batch = {k: a[idx] for k, a in rows.items()}
+        if getattr(self, "_step", None) is None or self._step[0] is not model:
+            self._step = (model, sft_step(model, batch, prompt_width=self.prompt_len))
+        return self._step[1](state, batch)
+
+    def finetune(self, records: list[dict], mesh) -> dict:
+        """Before RL: `wm.verdict_finetune_steps` SFT steps of `wm.batch_size` rows drawn
+        (seeded) from `records` (executed scripts: `script`, `task_id`, `status`, `reward`),
+        at `wm.learning_rate`; the LM then scores with the result. Returns its parameters."""
+        from wmrl.autoresearch.model_setup import adam
+
+        w = self.config.wm
+        t0 = time.monotonic()
+        recs = [r for r in records if r["task_id"] in self._tasks]
+        col = lambda k: [r[k] for r in recs]
+        rows = self.target_rows(col("script"), [self._tasks[t] for t in col("task_id")],
+                                col("status"), col("reward"))  # fmt: skip
+        model = self.lm_model(mesh, adam(w.learning_rate))
+        state, nll = model.state, []
+        if rows is not None:
+            rng = np.random.default_rng([self.seed, 11])
+            for _ in range(w.verdict_finetune_steps):
+                idx = rng.integers(0, len(rows["tokens"]), w.batch_size)
+                state, m = self._sft(model, state, rows, idx)
+                total, count = distributed.process_allgather_to_numpy(m["nll"])
+                nll.append(float(total / max(count, 1)))
+        self.use(state.params)
+        self.finetune_report = {
+            "rows": 0 if rows is None else len(rows["tokens"]), "steps": len(nll),
+            "nll_first": nll[0] if nll else None, "nll_last": nll[-1] if nll else None,
+            "time_s": time.monotonic() - t0,
+        }  # fmt: skip
+        return state.params
+
+    def online(self, model, state, replay, step: int):
+        """RL's online step: `wm.online_steps` SFT steps on verdicts written from the
+        replay's real outcomes (rows read back from their tokens as `FeatureWM` reads them),
+        `model` the trainer's WM (its optimiser), `state` its train state (donated); the new
+        state, whose parameters the trainer hands to `use` before the next scoring."""
+        n = int(replay.count)
+        w = self.config.wm
+        if n == 0 or w.online_steps == 0:
+            return state
+        if self._task_of_prompt is None:
+            tasks = list(self._tasks.values())
+            prompts = [rldata.task_prompt(self.config, t) for t in tasks]
+            ids, pm = rldata.encode_prompts(self.tok, prompts, self.P)
+            self._task_of_prompt = {ids[i][pm[i]].tobytes(): t for i, t in enumerate(tasks)}
+        tokens, mask = np.asarray(replay.tokens[:n]), np.asarray(replay.input_mask[:n]).astype(bool)
+        scripts, tasks, statuses, rewards = [], [], [], []
+        for i in range(n):
+            task = self._task_of_prompt.get(tokens[i, : self.P][mask[i, : self.P]].tobytes())
+            if task is None or int(replay.class_label[i]) < 0:
+                continue
+            scripts.append(self.tok.decode(tokens[i, self.P :][mask[i, self.P :]]))
+            tasks.append(task)
+            statuses.append(int(replay.class_label[i]))
+            rewards.append(float(replay.target[i]))
+        rows = self.target_rows(scripts, tasks, statuses, rewards) if scripts else None
+        if rows is None:
+            return state
+        rng = np.random.default_rng([self.seed, step, 7])
+        for _ in range(w.online_steps):
+            state, _ = self._sft(model, state, rows, rng.integers(0, len(rows["tokens"]),
+                                                                  w.batch_size))  # fmt: skip
+        return state
 
     def predict(self, scripts: list[str], tasks: list) -> dict:
         """`score` (the WM score), `predictive_var` and `top_outcome` (the index in
@@ -260,7 +373,8 @@ class VerdictWM:
                         spearman=spearman(s, y), rmse=rmse)  # fmt: skip
             held.update(fidelity(got["top_outcome"], self.heldout))
         return {
-            "kind": "verdict", "train": "frozen", "score": self.mode,
+            "kind": "verdict", "train": self.config.wm.verdict_train, "score": self.mode,
+            "finetune": self.finetune_report,
             "from": self.config.wm.verdict_from, "prompt_len": self.prompt_len,
             "max_new_tokens": self.program.max_new_tokens, "heldout": held,
             "time_s": self.setup_s + time.monotonic() - t0,
