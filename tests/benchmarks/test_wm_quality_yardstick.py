@@ -95,6 +95,6 @@ def test_the_verdict_scorer_on_the_yardstick(tmp_path, monkeypatch):
     want = wm.predict(scripts, [task] * 4)
     assert got == pytest.approx({
         **wq.yardstick_figures(wq.scored(pairs, want["score"])),
-        **vw.fidelity(want["top_outcome"], yard), "score_s": got["score_s"],
+        **vw.fidelity(want["top_outcome"], yard), "score_s": got["score_s"], "finetune": None,
     })  # fmt: skip
     assert got["status_accuracy"] is not None

@@ -52,11 +52,12 @@ execution keys (how deterministic the reward is: the ceiling of any scorer).
     python -m wmrl.benchmarks.wm_quality --workdir=DIR --policy_samples=8 --eval_samples=8 \
         --variants=default,long,converged --wm_seeds=0,1,2 --repeats=3 --out=FILE.json
 
-With a yardstick, `--verdict=expected,sampled` adds the verdict WM (`wm.kind = "verdict"`,
-frozen, the warm-started policy's backbone; `wm.verdict_*` from `--config`) as the scorers
-`verdict_expected` / `verdict_sampled`, each with the reference's fidelity figures beside the
-anchor figures: the status accuracy of its top outcome and its bucket accuracy on the real
-VALID scripts.
+With a yardstick, `--verdict=expected,sampled,expected+finetune,sampled+finetune` adds the
+verdict WM (`wm.kind = "verdict"`, the warm-started policy's backbone, frozen or fine-tuned
+before RL on the corpus and the fit part of `--policy_samples`; `wm.verdict_*` from
+`--config`) as the scorers `verdict_SETTING`, each with the reference's fidelity figures
+beside the anchor figures: the status accuracy of its top outcome and its bucket accuracy on
+the real VALID scripts.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def _define_flags() -> None:
         "repeats", 1, "R > 1: execute the yardstick R - 1 more times (determinism of the reward)."
     )
     _VERDICT = flags.DEFINE_list(
-        "verdict", [], "With --eval_samples: the verdict WM's scores, of expected,sampled."
+        "verdict", [], "With --eval_samples: the verdict WM's settings (VERDICT_SETTINGS)."
     )
 
 
@@ -259,22 +260,33 @@ def ridge_figures(config, prepared, fit_records: list[dict], yard: list[dict], p
 VERDICT_ROWS = 8  # rows per verdict call on the yardstick (one compiled shape)
 
 
-def verdict_figures(config, prepared, warm_dir: Path, yard: list[dict], pairs, score: str):
-    """The frozen verdict WM (`wm.verdict_score = score`) on the yardstick records `yard`
-    (graded, in pairs' order): the anchor figures of its score and the fidelity figures of
-    its top outcome."""
+VERDICT_SETTINGS = ("expected", "sampled", "expected+finetune", "sampled+finetune")
+
+
+def verdict_figures(
+    config, prepared, warm_dir: Path, yard: list[dict], pairs, setting: str, fit=(),
+) -> dict:  # fmt: skip
+    """The verdict WM (`setting`: its `wm.verdict_score`, `+finetune`: fine-tuned before RL
+    on the training tasks' corpus and the policy samples `fit`, else frozen) on the
+    yardstick records `yard` (graded, in pairs' order): the anchor figures of its score and
+    the fidelity figures of its top outcome."""
     from wmrl.autoresearch.verdict_wm import VerdictWM, fidelity
 
-    c = variant_config(config, {"wm.kind": "verdict", "wm.verdict_score": score})
+    score, _, tuned = setting.partition("+")
+    c = variant_config(config, {"wm.kind": "verdict", "wm.verdict_score": score,
+                                "wm.verdict_train": tuned or "frozen"})  # fmt: skip
     policy, params = warm_started(c, prepared, warm_dir)
     lm = params if c.wm.verdict_from == "warm_start" else policy.state.params
     t0 = time.monotonic()
     wm = VerdictWM(c, prepared, lm, model_setup.vocab_size(c, prepared.tokenizer))
+    if wm.trains:
+        corpus = [r for r in prepared.executions if r["split"] == "train"]
+        wm.finetune(corpus + list(fit), model_setup.make_rl_mesh(c))
     tasks = {t.id: t for t in prepared.train_tasks + prepared.heldout_tasks}
     got = wm.predict_in_chunks([r["script"] for r in yard],
                                [tasks[r["task_id"]] for r in yard], VERDICT_ROWS)  # fmt: skip
     return {**yardstick_figures(scored(pairs, got["score"])), **fidelity(got["top_outcome"], yard),
-            "score_s": time.monotonic() - t0}  # fmt: skip
+            "score_s": time.monotonic() - t0, "finetune": wm.finetune_report}  # fmt: skip
 
 
 def repeat_figures(config, prepared, records: list[dict], pairs, out_dir: Path, repeats: int):
@@ -405,8 +417,8 @@ def main(argv):
     unknown = sorted(set(_VARIANTS.value) - set(VARIANTS))
     if unknown:
         raise app.UsageError(f"--variants: unknown {unknown}; one of {sorted(VARIANTS)}")
-    if sorted(set(_VERDICT.value) - {"expected", "sampled"}):
-        raise app.UsageError(f"--verdict: {_VERDICT.value}; of expected, sampled")
+    if sorted(set(_VERDICT.value) - set(VERDICT_SETTINGS)):
+        raise app.UsageError(f"--verdict: {_VERDICT.value}; of {', '.join(VERDICT_SETTINGS)}")
     if _VERDICT.value and _EVAL_SAMPLES.value <= 0:
         raise app.UsageError("--verdict needs the yardstick (--eval_samples > 0)")
     from wmrl.autoresearch.experiment import quiet_orbax
@@ -443,9 +455,11 @@ def main(argv):
             every = config.wm.policy_validation_every  # the fit part, as the WM's
             fit = [r for r in samples if every == 0 or r["index"] % every != every - 1]
             out["scorers"]["ridge+fit"] = ridge_figures(config, prepared, fit, graded, yard[1])
-        for score in _VERDICT.value:
-            out["scorers"][f"verdict_{score}"] = verdict_figures(
-                config, prepared, warm_dir, graded, yard[1], score
+        for setting in _VERDICT.value:
+            every = config.wm.policy_validation_every  # the fit part, as the WM's
+            fit = [r for r in samples or [] if every == 0 or r["index"] % every != every - 1]
+            out["scorers"][f"verdict_{setting}"] = verdict_figures(
+                config, prepared, warm_dir, graded, yard[1], setting, fit
             )
         if _REPEATS.value > 1:
             repeats_dir = workdir / f"eval{m}" / "repeats"
