@@ -9,8 +9,8 @@ trajectory reward is the best turn's ladder reward on the hidden test labels; in
 episodes the world model writes every observation. Everything else is the tiny config's
 (configs/autoresearch_tiny.py), with a prompt budget that holds the history
 (the card, the last script and its observation, the older turns' observations) and a run
-sized for a 2-core CPU (24.6 min end to end on the idle 2-core machine; docs/results.md: the
-cost of each stage).
+sized for a 2-core CPU (24.6 min end to end on the idle 2-core machine with 4 SFT episodes
+per task, 16 since 2026-12-08 not yet timed; docs/results.md: the cost of each stage).
 
 Modes as in the tiny config: `--config.mode=real|wm_only|debias_only|denoise_only|wmrl` and the
 controls `static_anchors|permuted_wm`.
@@ -37,8 +37,12 @@ def get_config():
     # The WM writes every observation field: the error-type head on (P(class | runtime
     # error)); the validation metric from the leaderboard map of its expected reward.
     c.wm.error_type_coef = 0.5
-    # 240 SFT steps of 16 (2.3 epochs of the ~1660 rows; the tiny config's 300 cost ~0.9 min
-    # more here: docs/results.md).
+    # 16 executed SFT episodes per training task (4 before 2026-12-08): with 4, the warm
+    # start's revisions spliced pieces of the earlier script into lines of their own (turn-2
+    # MALFORMED 41 of 96 against 9 at turn 1); with 16, 13 of 96 (docs/results.md, 2026-12-08).
+    # About 3x the episodes' executions (~26 x 16 x 3 turns, the kept ones not executed).
+    c.env.sft_episodes_per_task = 16
+    # 240 SFT steps of 16 (the tiny config's 300 cost ~0.9 min more here: docs/results.md).
     c.policy.sft_steps = 240
     # The held-out tasks' corpus scripts only measure the pretrained WM (nothing trains on
     # them): 4 of the 12 per task, the first 4 of the same sequence (a shared single-turn

@@ -185,10 +185,13 @@ def _episodes(config, data_dir: Path, suite_dir: Path, tasks: list[Task], progre
     return episodes, episode_tasks
 
 
-def episode_documents(config, episodes: list[dict], episode_tasks: dict, fits=None) -> list:
+def episode_documents(
+    config, episodes: list[dict], episode_tasks: dict, fits=None, first_turns: bool = True
+) -> list:
     """(prompt, script) pairs of every turn of the executed SFT episodes: turn t's prompt is
     the card plus the real history of turns < t (`wmrl.autoresearch.history`, the trainer's own
-    prompt), its script the author's. `fits(text)`: the prompt budget (None: no limit)."""
+    prompt), its script the author's. `fits(text)`: the prompt budget (None: no limit).
+    `first_turns` False: the revisions only (turns t > 1), in the same order."""
     from wmrl.autoresearch import history
     from wmrl.autoresearch.env.observation import Observation, render_observation
 
@@ -199,8 +202,9 @@ def episode_documents(config, episodes: list[dict], episode_tasks: dict, fits=No
         card = history.card_of(prompt_text(task))
         past = []
         for turn in rec["turns"]:
-            text = history.turn_prompt(card, past, fits)
-            out.append((pretrained.prompt(config, text), turn["script"]))
+            if past or first_turns:
+                text = history.turn_prompt(card, past, fits)
+                out.append((pretrained.prompt(config, text), turn["script"]))
             obs = Observation.from_json(turn["observation"])
             past.append((turn["script"], render_observation(obs, task.metric_name)))
     return out

@@ -79,6 +79,8 @@ def _fingerprint(config, stage: str) -> dict:
         out["suite_version"] = SUITE_VERSION
     if config.env.turns > 1:  # multi-turn stages train on episodes; single-turn ones as before
         out["env"] = config.env.to_dict()
+        if stage == "warmstart":  # since 2026-12-08 without the episodes' first turns
+            out["sft_episode_turns"] = "later"
     return out
 
 
@@ -99,15 +101,18 @@ def save_params(stage_dir: epath.Path, params, report: dict, config) -> None:
 
 def sft_rows(config, prepared: rldata.Prepared) -> dict:
     """SFT examples (training tasks only) that fit the context; see `data.sft_documents`.
-    Multi-turn (env.turns > 1): also every turn of the executed SFT episodes, prompted with
-    their real history (`data.episode_documents`), so the policy learns to read an
-    observation and fix or keep its script."""
+    Multi-turn (env.turns > 1): also the later turns of the executed SFT episodes, prompted
+    with their real history (`data.episode_documents`), so the policy learns to read an
+    observation and fix or keep its script. The episodes' first turns stay out: their prompt
+    is the single-turn card, and they are the author's planned mistakes and weak models (a fix
+    episode starts from a mistake), so they would raise the first turn's mistake rate above
+    the corpus's `data.mistake_rate` as `env.sft_episodes_per_task` grows."""
     docs = rldata.sft_documents(config, prepared.train_tasks, prepared.episode_tasks)
     if config.env.turns > 1:
         tok, width = prepared.tokenizer, config.data.max_prompt_len
         fits = lambda text: len(tok.encode(pretrained.prompt(config, text), add_bos=True)) <= width
         docs += rldata.episode_documents(
-            config, prepared.episodes, prepared.episode_tasks, fits
+            config, prepared.episodes, prepared.episode_tasks, fits, first_turns=False
         )  # fmt: skip
     rows = rldata.encode_trajectories(
         prepared.tokenizer, [p for p, _ in docs], [s for _, s in docs],
