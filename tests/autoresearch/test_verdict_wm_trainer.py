@@ -170,3 +170,52 @@ def test_the_fine_tuned_verdict_wm_learns_before_rl_and_online(rl_shared, tmp_pa
     # Step 3 scored with step 2's online LM: its scores of those rows again.
     vwm.use(jax.tree.unflatten(jax.tree.structure(st2.wm.params), online))
     np.testing.assert_allclose(third.r_wm, vwm.predict(s3, t3)["score"], atol=1e-6)
+
+
+@pytest.mark.slow  # three runs and a probe, ~4 min on the 2-core machine
+@pytest.mark.real  # the sandbox and the tiny pipeline's stages
+def test_a_fine_tuned_verdict_run_resumes_as_the_uninterrupted_run(rl_shared, tmp_path):
+    """`wm.verdict_train = "finetune"` stopped after step 2 and resumed to step 3 (the
+    fine-tuning before RL repeated, the online-trained LM restored from the checkpoint)
+    scores its anchors as the uninterrupted 3-step run does, and ends with the same LM, one
+    that online training moved off the fine-tuned start."""
+    from wmrl.autoresearch.checkpoint import Checkpointer
+    from wmrl.autoresearch.experiment import run
+
+    data_dir, init_dir = rl_shared
+    config = lambda steps: tiny_config(
+        data_dir, init_dir, mode="wmrl", rl__steps=steps, rl__checkpoint_every=1,
+        wm__verdict_train="finetune", wm__verdict_finetune_steps=2, **VERDICT,
+    )  # fmt: skip
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(config(3), straight, progress=False)
+    run(config(2), resumed, progress=False)
+    summary = run(config(3), resumed, progress=False)
+    assert summary["steps"] == 3 and summary["wm_kind"] == "verdict"
+    read = lambda w: sorted(
+        (json.loads(x) for x in (w / "pairs.jsonl").read_text().splitlines()),
+        key=lambda p: (p["step"], p["row"]),
+    )  # fmt: skip
+    a, b = read(straight), read(resumed)
+    assert a and [(p["step"], p["row"]) for p in a] == [(p["step"], p["row"]) for p in b]
+    for x, y in zip(a, b, strict=True):
+        assert x["r_wm"] == pytest.approx(y["r_wm"], abs=1e-5)
+    (tmp_path / "probe").mkdir()
+    s, pool, trainer = _trainer(config(3), tmp_path / "probe")
+    try:
+        template = trainer.initial_state(s.policy_params, s.wm_params)
+        start = [np.asarray(x) for x in jax.tree.leaves(template.wm.params)]
+        ends = []
+        for w in (straight, resumed):
+            ckpt = Checkpointer(w, 3)
+            ends.append(
+                [np.asarray(x) for x in jax.tree.leaves(ckpt.restore_latest(template).wm.params)]
+            )
+            ckpt.close()
+    finally:
+        trainer.journal.close()
+        trainer.eval_journal.close()
+        pool.close()
+    for x, y in zip(*ends, strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    assert any(not np.array_equal(x, y) for x, y in zip(ends[0], start, strict=True))
