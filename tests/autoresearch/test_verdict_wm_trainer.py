@@ -17,10 +17,14 @@ from wmrl.config_errors import ConfigError
 def test_the_verdict_wm_config_is_checked():
     from wmrl.autoresearch.presets import TINY_MULTITURN_SETTING
     from wmrl.autoresearch.stages import active_stages
+    from wmrl.core.correct import MODE_SPECS
 
     c = load_config()
     c.wm.kind = "verdict"
-    validate_autoresearch_config(c)
+    for mode in MODE_SPECS:  # every mode takes it (`real` builds it and never calls it)
+        c.mode = mode
+        validate_autoresearch_config(c)
+    c.mode = "wmrl"
     assert "wm_pretrain" not in active_stages(c)  # no neural pretraining
     c.wm.verdict_train = "finetune"
     validate_autoresearch_config(c)

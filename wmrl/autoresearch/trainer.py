@@ -16,7 +16,8 @@ One step (docs/method.md 3), for B training tasks x G scripts:
    trajectories are masked; the anchor weight scales the anchor groups' advantages.
 6. **WM online**: the anchor outcomes (real rewards only) join a replay buffer the WM is
    fine-tuned on (with `wm.kind = "features"` the script-feature scorer is refitted on it
-   instead, `wmrl.autoresearch.feature_wm`).
+   instead, `wmrl.autoresearch.feature_wm`; with `"verdict"` the policy's backbone stays
+   frozen or, fine-tuned, learns the verdicts of those outcomes, `verdict_wm`).
 
 `run_step` is the shared driver `wmrl.experiment.step.run_step` over this class's phases
 (`sample`, `route`, `act`, `correct`, `update`, `finish`), each a method with a typed record
