@@ -144,7 +144,6 @@ class CorrectionConfig(Section):
     denoise_half_life: float = setting(DenoiseConfig.half_life, above=0.0)
     denoise_target: float = setting(DenoiseConfig.target, low=1.0)
     denoise_w_max: float = setting(DenoiseConfig.w_max, low=1.0)
-    # How the WM ensemble's members become one score (sample level): auto = the mode's
     # Cost-aware routing (routing = cost; exactly one of the two, 0 = unset): the cap, in
     # seconds, under which every non-anchor row runs for real, or the adaptive cap: this
     # quantile, in (0, 1), of the recent anchors' execution times (anchors run in full, so
@@ -153,12 +152,12 @@ class CorrectionConfig(Section):
     cheap_quantile: float = setting(
         0.0, low=0.0, below=1.0, note="a quantile in (0, 1) of recent execution times; 0 = off"
     )
+    # How the WM ensemble's members become one score (sample level): auto = the mode's
     # (inverse-variance fusion in denoise_only and wmrl, the members' mean in the others), or
     # force inverse_variance | mean.
     sample_fusion: str = setting("auto", choices=SAMPLE_FUSIONS)
 
     def check(self) -> None:
-        if self.rho_min > self.rho_max:
         if self.cheap_limit_s and self.cheap_quantile:
             raise ConfigError(
                 "cheap_quantile",
@@ -166,6 +165,7 @@ class CorrectionConfig(Section):
                 "are both set: the cap is either fixed or a quantile of recent execution "
                 "times; set one of them to 0",
             )
+        if self.rho_min > self.rho_max:
             raise ConfigError(
                 "rho_min", f"({self.rho_min!r}) must be <= config.correction.rho_max "
                 f"({self.rho_max!r})",
