@@ -390,7 +390,10 @@ def test_cli_ablations_and_refused_config(tmp_path):
     assert data["time_to_target_s"]["wm_only"] is None
     # a mode directory holding another config is refused before anything runs
     (tmp_path / "real" / "summary.json").unlink()
-    (tmp_path / "real" / "config.json").write_text(json.dumps({"seed": 123}))
+    shared = speedup_runner.shared_config(load_config(), tmp_path)
+    other = speedup_runner.mode_config(shared, "real")
+    other.seed = other.seed + 123  # a valid config of another run: its seed differs
+    (tmp_path / "real" / "config.json").write_text(other.to_json_best_effort())
     proc = run_bench(bench_cmd(tmp_path), timeout=120)
     assert proc.returncode == 2 and "different config" in proc.stderr
     proc = run_bench(bench_cmd(tmp_path, "--modes=real,static_anchors"), timeout=120)
