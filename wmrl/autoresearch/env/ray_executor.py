@@ -45,6 +45,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from wmrl.autoresearch.env import linux
 from wmrl.autoresearch.env.grader import Status, reward
 from wmrl.autoresearch.env.ray_cluster import CONNECT_TIMEOUT_S, auto_address, probe, require_ray
 from wmrl.autoresearch.env.result import ExecutionResult, InfrastructureError
@@ -110,18 +111,7 @@ def unpack_task(key: str, data: bytes, cache: Path) -> Path:
 
 def listening_tcp_ports() -> list[int]:
     """Every TCP port listening on this host (IPv4 and IPv6), from /proc/net."""
-    ports = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as f:
-                next(f)
-                for line in f:
-                    fields = line.split()
-                    if fields[3] == "0A":  # LISTEN
-                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-        except OSError:
-            continue
-    return sorted(ports)
+    return sorted({port for port, _, _ in linux.tcp_listeners()})
 
 
 class NodePool:
@@ -185,7 +175,7 @@ class NodePool:
 
     def sandbox_leftovers(self) -> dict:
         """Processes under the pool's sandbox uids and entries left in its work root."""
-        from wmrl.autoresearch.env import linux, sandbox
+        from wmrl.autoresearch.env import sandbox
 
         lo = self.pool.uid_base
         return {
